@@ -1,0 +1,4 @@
+"""sluice: a Triton-compatible inference server."""
+
+__version__ = "0.1.0"
+SERVER_NAME = "sluice"

@@ -1,0 +1,1 @@
+"""Model backends: python (worker processes), onnxruntime, torchscript, tensorrt, ensemble."""

@@ -1,0 +1,90 @@
+"""The contract between the core and a backend.
+
+Rules of this file:
+- A backend turns one model version (``ModelSpec``) into ``count`` ``ModelInstance`` objects.
+- An instance executes one batch at a time; the scheduler never calls ``execute`` on an
+  instance that is still busy. Concurrency comes from more instances.
+- ``execute`` gets the requests of one batch (already validated against the config) and
+  returns one entry per request, in order: an ``InferResponse`` or a ``ServerError`` for
+  that request alone. It raises only when the whole batch failed (e.g. the worker died).
+- Timings come back with the result so the parent records statistics and metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import ServerError
+from ..types import InferRequest, InferResponse
+
+__all__ = [
+    "ModelSpec",
+    "ExecuteResult",
+    "ModelInstance",
+    "Backend",
+    "register_backend",
+    "backend_for",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    version: int
+    model_dir: Path  # <repo>/<model>
+    version_dir: Path  # <repo>/<model>/<version>
+    config: mc.ModelConfig
+    repository: Path  # the repository root holding model_dir
+
+
+@dataclass(slots=True)
+class ExecuteResult:
+    results: list[InferResponse | ServerError]
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class ModelInstance(Protocol):
+    name: str  # e.g. "add_sub_0_0"
+
+    async def start(self) -> None:
+        """Load the model (may take long); raise ServerError with a clear reason on failure."""
+
+    async def execute(self, requests: list[InferRequest]) -> ExecuteResult: ...
+
+    async def stop(self) -> None:
+        """Release everything (processes, sessions). Never raises."""
+
+
+class Backend(Protocol):
+    name: str  # "python", "onnxruntime", ...
+
+    def default_model_filename(self) -> str: ...
+
+    def auto_complete(self, spec: ModelSpec) -> mc.ModelConfig:
+        """Return the config with inputs/outputs/max_batch_size filled from the model."""
+        ...
+
+    def create_instances(self, spec: ModelSpec) -> list[ModelInstance]: ...
+
+
+_REGISTRY: dict[str, Callable[[], Backend]] = {}
+
+
+def register_backend(names: list[str], factory: Callable[[], Backend]) -> None:
+    for n in names:
+        _REGISTRY[n] = factory
+
+
+def backend_for(config: mc.ModelConfig) -> Backend | None:
+    """Pick the backend from ``backend`` or, failing that, ``platform``."""
+    key = config.backend or config.platform
+    factory = _REGISTRY.get(key)
+    return factory() if factory else None

@@ -1,0 +1,1 @@
+"""Pure wire codecs shared by the server and the load generator."""

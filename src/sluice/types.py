@@ -1,0 +1,49 @@
+"""Transport-neutral request and response types used between front-ends and the core.
+
+Tensors are numpy arrays. BYTES tensors are ``np.object_`` arrays whose elements are
+``bytes`` (the form Triton's python backend hands to models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["InferRequest", "InferResponse", "OutputSpec"]
+
+
+@dataclass(slots=True)
+class OutputSpec:
+    """A requested output and its per-output parameters (e.g. ``binary_data``)."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""  # "" = chosen by version policy (highest loaded)
+    id: str = ""
+    # name -> array; array shapes include the batch dimension when the model batches.
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # datatype names as sent by the client (KServe spelling), validated against config.
+    input_datatypes: dict[str, str] = field(default_factory=dict)
+    outputs: list[OutputSpec] | None = None  # None = every output
+    parameters: dict[str, Any] = field(default_factory=dict)
+    # Filled by the service: monotonic ns at arrival.
+    arrival_ns: int = 0
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    # ordered name -> array (object arrays for BYTES)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # name -> KServe datatype
+    output_datatypes: dict[str, str] = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict)
