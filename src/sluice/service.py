@@ -5,59 +5,205 @@ control, statistics). Front-ends only translate wire formats to these calls and 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from . import SERVER_NAME, __version__
+from .config import ControlMode, ServerConfig
+from .errors import InvalidArgument, ServerError, Unavailable, Unsupported
+from .protocol.datatypes import numpy_to_kserve
+from .repository.layout import check_model_name
+from .repository.manager import ModelManager
+from .repository.states import ServingVersion, TensorInfo
 from .types import InferRequest, InferResponse
+from .validation import check_request
 
-__all__ = ["InferenceService"]
+__all__ = ["InferenceService", "EXTENSIONS"]
+
+EXTENSIONS = [
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+]
+
+
+def _int_param(params: dict[str, Any], key: str) -> int:
+    value = params.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidArgument(f"request parameter '{key}' must be an integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgument(f"request parameter '{key}' must be an integer, got '{value}'") from None
 
 
 class InferenceService:
+    def __init__(self, config: ServerConfig, manager: ModelManager) -> None:
+        self.config = config
+        self.manager = manager
+        self._accepting = True
+        self._inflight = 0
+        self._idle: asyncio.Event | None = None
+
+    # --- lifecycle ------------------------------------------------------------
+    def stop_accepting(self) -> None:
+        """Readiness turns false and new inference is refused, on every front-end at once."""
+        self._accepting = False
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
     # --- health ---------------------------------------------------------------
     def live(self) -> bool:
-        raise NotImplementedError
+        return True
 
     def ready(self) -> bool:
-        """Server readiness (strict or not, per --strict-readiness); False once shutting down."""
-        raise NotImplementedError
+        return self._accepting and self.manager.server_ready()
 
     def server_metadata(self) -> dict[str, Any]:
-        """{"name": ..., "version": ..., "extensions": [...]}"""
-        raise NotImplementedError
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
 
     # --- models ---------------------------------------------------------------
     def model_ready(self, name: str, version: str = "") -> bool:
-        """False for unknown / not ready; raises InvalidArgument for an illegal name or version."""
-        raise NotImplementedError
+        check_model_name(name)
+        if version and not version.isdigit():
+            raise InvalidArgument(f"invalid version '{version}' for model '{name}'")
+        return self._accepting and self.manager.is_ready(name, version)
+
+    def _serving(self, name: str, version: str) -> ServingVersion:
+        check_model_name(name)
+        return self.manager.get_serving(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        """{"name", "versions": ["1"], "platform", "inputs": [{"name","datatype","shape"}], "outputs": [...]}
-        shape includes -1 for the batch dimension when max_batch_size > 0."""
-        raise NotImplementedError
+        sv = self._serving(name, version)
+        rec = self.manager.records[name]
+        cfg = sv.config
+        batch = (-1,) if sv.max_batch_size > 0 else ()
+
+        def tensors(infos: dict[str, TensorInfo]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.datatype, "shape": [*batch, *t.dims]}
+                    for t in infos.values()]
+
+        return {
+            "name": name,
+            "versions": [str(v) for v in sorted(rec.serving)],
+            "platform": cfg.platform or cfg.backend,
+            "inputs": tensors(sv.inputs),
+            "outputs": tensors(sv.outputs),
+        }
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        raise NotImplementedError
+        return self._serving(name, version).config
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        raise NotImplementedError
+        arrival = request.arrival_ns or time.monotonic_ns()
+        if not self._accepting:
+            raise Unavailable("Server is shutting down: new inference requests are refused")
+        sv = self._serving(request.model_name, request.model_version)
+        stats = sv.stats
+        try:
+            batch, key = check_request(request, sv)
+            params = request.parameters
+            priority = _int_param(params, "priority") if params else 0
+            timeout = _int_param(params, "timeout") if params else 0
+            self._inflight += 1
+            try:
+                response = await sv.scheduler.submit(request, batch, key, priority, timeout)
+            finally:
+                self._inflight -= 1
+                if self._idle is not None and self._inflight == 0:
+                    self._idle.set()
+        except ServerError as exc:
+            stats.record_failure(time.monotonic_ns() - arrival,
+                                 "REJECTED" if isinstance(exc, Unavailable) else "BACKEND")
+            raise
+        response.model_name = request.model_name
+        response.model_version = sv.version_str
+        if not response.id:
+            response.id = request.id
+        wanted = request.outputs
+        if wanted:
+            outs = response.outputs
+            missing = [o.name for o in wanted if o.name not in outs]
+            if missing:
+                stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
+                raise InvalidArgument(f"model '{request.model_name}' did not produce requested "
+                                      f"output(s) {missing}")
+            response.outputs = {o.name: outs[o.name] for o in wanted}
+        dts = response.output_datatypes
+        for out_name, arr in response.outputs.items():
+            if out_name not in dts:
+                dts[out_name] = _datatype_of(out_name, arr, sv)
+        stats.record_success(time.monotonic_ns() - arrival)
+        return response
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no inference is in flight (front-end side)."""
+        if self._inflight == 0:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
 
     # --- repository -----------------------------------------------------------
+    def _check_control(self, what: str) -> None:
+        mode = self.config.control_mode
+        if mode != ControlMode.EXPLICIT:
+            raise Unsupported(
+                f"explicit model {what} is not allowed if polling is enabled"
+                if mode == ControlMode.POLL else
+                f"explicit model {what} is not allowed with --model-control-mode=none; start the "
+                "server with --model-control-mode=explicit")
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """[{"name", "version", "state", "reason"}]; version/reason may be ""."""
-        raise NotImplementedError
+        return self.manager.index(ready_only)
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        """parameters: "config" -> JSON str; "file:<v>/<path>" -> raw bytes (HTTP front-end
-        decodes base64 first)."""
-        raise NotImplementedError
+        check_model_name(name)
+        self._check_control("load")
+        if not self._accepting:
+            raise Unavailable("Server is shutting down: model load refused")
+        await self.manager.load(name, parameters)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        """parameters: "unload_dependents" -> bool."""
-        raise NotImplementedError
+        check_model_name(name)
+        self._check_control("unload")
+        dependents = bool((parameters or {}).get("unload_dependents", False))
+        await self.manager.unload(name, dependents)
 
     # --- statistics -----------------------------------------------------------
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """{"model_stats": [...]} in Triton's JSON shape (integers, ns durations)."""
-        raise NotImplementedError
+        if not name:
+            stats = [st.as_dict() for rec in self.manager.records.values()
+                     for v, st in sorted(rec.stats.items()) if v in rec.serving]
+            return {"model_stats": stats}
+        sv = self._serving(name, version)
+        if version:
+            return {"model_stats": [sv.stats.as_dict()]}
+        rec = self.manager.records[name]
+        return {"model_stats": [rec.stats[v].as_dict() for v in sorted(rec.serving)]}
+
+
+def _datatype_of(name: str, arr: np.ndarray, sv: ServingVersion) -> str:
+    info = sv.outputs.get(name)
+    if info is not None and (arr.dtype == info.dtype or
+                             (info.datatype == "BYTES" and arr.dtype.kind in "OSU")):
+        return info.datatype
+    dt = numpy_to_kserve(arr.dtype)
+    if dt is None:
+        raise InvalidArgument(f"output '{name}' has unsupported numpy dtype {arr.dtype}")
+    return dt

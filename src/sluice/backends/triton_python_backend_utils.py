@@ -1,0 +1,573 @@
+"""The ``triton_python_backend_utils`` module that a Triton ``model.py`` imports.
+
+A model written for Triton's python backend does
+``import triton_python_backend_utils as pb_utils``; the sluice worker registers this module in
+``sys.modules`` under that exact name before importing ``model.py``.
+
+Rules of this file:
+- Names and behaviour follow Triton's python backend API (``Tensor``, ``InferenceRequest``,
+  ``InferenceResponse``, ``TritonError``, ``ModelConfig`` for ``auto_complete_config``, the
+  ``get_*_by_name`` helpers and the type converters), so unchanged Triton models run.
+- It imports nothing from the server core: it runs inside worker processes.
+- Objects built by the worker on the hot path use the private ``_make`` constructors, which
+  skip argument validation that a model-facing constructor must do.
+- Unsupported features (BLS ``exec``, decoupled response senders) raise
+  ``TritonModelException`` with a clear message instead of silently misbehaving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Tensor",
+    "InferenceRequest",
+    "InferenceResponse",
+    "TritonError",
+    "TritonModelException",
+    "ModelConfig",
+    "Logger",
+    "get_input_tensor_by_name",
+    "get_output_tensor_by_name",
+    "get_input_config_by_name",
+    "get_output_config_by_name",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "deserialize_bytes_tensor",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+]
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+# Triton's numeric data type codes (TRITONSERVER_DataType / model_config DataType).
+_CODE_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_,
+    2: np.uint8,
+    3: np.uint16,
+    4: np.uint32,
+    5: np.uint64,
+    6: np.int8,
+    7: np.int16,
+    8: np.int32,
+    9: np.int64,
+    10: np.float16,
+    11: np.float32,
+    12: np.float64,
+    13: np.object_,
+}
+_DTYPE_TO_CODE: dict[np.dtype, int] = {np.dtype(v): k for k, v in _CODE_TO_NUMPY.items()}
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """``"TYPE_FP32"`` -> ``np.float32``."""
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """Triton data type code (``11``) -> numpy type (``np.float32``); None when unknown."""
+    return _CODE_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """numpy dtype or type -> Triton data type code; ``np.bytes_`` and objects -> 13."""
+    try:
+        dt = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dt.kind == "S":
+        return 13
+    return _DTYPE_TO_CODE.get(dt)
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | None:
+    """Elements of a BYTES tensor in C order, each as a 4-byte little-endian length + bytes."""
+    if input_tensor.size == 0:
+        return None
+    pack = struct.Struct("<I").pack
+    parts: list[bytes] = []
+    for obj in input_tensor.reshape(-1):
+        if isinstance(obj, bytes | bytearray):
+            s = bytes(obj)
+        elif isinstance(obj, np.bytes_):
+            s = obj.tobytes()
+        else:
+            s = str(obj).encode("utf-8")
+        parts.append(pack(len(s)))
+        parts.append(s)
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes | memoryview) -> np.ndarray:
+    """The inverse of ``serialize_byte_tensor``: a 1-D ``np.object_`` array of ``bytes``."""
+    buf = memoryview(encoded_tensor).cast("B")
+    items: list[bytes] = []
+    offset = 0
+    n = len(buf)
+    unpack = struct.Struct("<I").unpack_from
+    while offset < n:
+        (length,) = unpack(buf, offset)
+        offset += 4
+        items.append(bytes(buf[offset : offset + length]))
+        offset += length
+    arr = np.empty(len(items), dtype=np.object_)
+    arr[:] = items
+    return arr
+
+
+class TritonModelException(Exception):
+    """Raised by the API on misuse; a model may raise it too."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self._msg = msg
+
+    def message(self) -> str:
+        return self._msg
+
+
+class TritonError:
+    """An error attached to an ``InferenceResponse``: ``TritonError(message, code)``."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class Tensor:
+    """A named numpy array: ``pb_utils.Tensor("OUTPUT0", array)``."""
+
+    __slots__ = ("_name", "_array", "_triton_dtype")
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        if not isinstance(numpy_array, np.ndarray):
+            numpy_array = np.asarray(numpy_array)
+        if numpy_array.dtype.kind in ("U", "V"):
+            raise TritonModelException(
+                "Tensor dtype used for numpy_array is not supported by the Python backend;"
+                " use np.object_ (or np.bytes_) instead"
+            )
+        if triton_dtype is not None:
+            np_type = triton_to_numpy_type(triton_dtype)
+            if np_type is None:
+                raise TritonModelException(f"unknown triton_dtype {triton_dtype}")
+            if numpy_array.dtype != np.dtype(np_type):
+                numpy_array = numpy_array.view(np_type)
+        else:
+            triton_dtype = numpy_to_triton_type(numpy_array.dtype)
+            if triton_dtype is None:
+                raise TritonModelException(
+                    f"Tensor '{name}': numpy dtype {numpy_array.dtype} is not supported"
+                )
+        self._name = name
+        self._array = numpy_array
+        self._triton_dtype = triton_dtype
+
+    @classmethod
+    def _make(cls, name: str, array: np.ndarray, triton_dtype: int) -> Tensor:
+        t = cls.__new__(cls)
+        t._name = name
+        t._array = array
+        t._triton_dtype = triton_dtype
+        return t
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def triton_dtype(self) -> int:
+        return self._triton_dtype
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule over the array (fixed-size dtypes only)."""
+        if self._array.dtype == np.object_:
+            raise TritonModelException("to_dlpack is not supported for BYTES tensors")
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+        """From an object implementing ``__dlpack__`` (a CPU torch tensor, a numpy array)."""
+        if not hasattr(dlpack_tensor, "__dlpack__"):
+            raise TritonModelException(
+                "from_dlpack needs an object with __dlpack__ (e.g. a torch tensor), not a capsule"
+            )
+        return Tensor(name, np.from_dlpack(dlpack_tensor))
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={self._array.shape}, dtype={self._array.dtype})"
+
+
+class InferenceRequest:
+    """One request of a batch given to ``execute``.
+
+    Models receive these; building one in a model (for BLS) works, but ``exec`` is not supported.
+    """
+
+    __slots__ = (
+        "_inputs",
+        "_request_id",
+        "_correlation_id",
+        "_requested_output_names",
+        "_model_name",
+        "_model_version",
+        "_flags",
+        "_timeout",
+        "_parameters",
+    )
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        requested_output_names: Iterable[str] = (),
+        model_name: str = "",
+        model_version: int = -1,
+        inputs: Iterable[Tensor] = (),
+        flags: int = 0,
+        timeout: int = 0,
+        parameters: str | dict[str, Any] | None = None,
+        **_ignored: Any,
+    ) -> None:
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._requested_output_names = list(requested_output_names)
+        self._model_name = model_name
+        self._model_version = model_version
+        self._inputs = list(inputs)
+        self._flags = flags
+        self._timeout = timeout
+        if parameters is None:
+            parameters = "{}"
+        elif not isinstance(parameters, str):
+            parameters = json.dumps(parameters)
+        self._parameters = parameters
+
+    @classmethod
+    def _make(
+        cls,
+        request_id: str,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        parameters: str,
+        model_name: str,
+        model_version: int,
+    ) -> InferenceRequest:
+        r = cls.__new__(cls)
+        r._request_id = request_id
+        r._correlation_id = 0
+        r._requested_output_names = requested_output_names
+        r._model_name = model_name
+        r._model_version = model_version
+        r._inputs = inputs
+        r._flags = 0
+        r._timeout = 0
+        r._parameters = parameters
+        return r
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request parameters as a JSON string (as in Triton)."""
+        return self._parameters
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException("decoupled models (response senders) are not supported by sluice")
+
+    def exec(self, *args: Any, **kwargs: Any) -> Any:
+        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by sluice")
+
+    def async_exec(self, *args: Any, **kwargs: Any) -> Any:
+        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by sluice")
+
+
+class InferenceResponse:
+    """``InferenceResponse(output_tensors=[...], error=None)``."""
+
+    __slots__ = ("_output_tensors", "_error")
+
+    def __init__(
+        self, output_tensors: list[Tensor] | tuple[Tensor, ...] | None = None, error: Any = None
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        elif not isinstance(output_tensors, list | tuple):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._output_tensors = list(output_tensors)
+        self._error = error
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> Any:
+        return self._error
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    """The input tensor called ``name``, or None."""
+    for t in inference_request.inputs():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    """The output tensor called ``name``, or None."""
+    for t in inference_response.output_tensors():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for item in model_config.get("input", ()):
+        if item.get("name") == name:
+            return item  # type: ignore[no-any-return]
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for item in model_config.get("output", ()):
+        if item.get("name") == name:
+            return item  # type: ignore[no-any-return]
+    return None
+
+
+class ModelConfig:
+    """The config given to ``TritonPythonModel.auto_complete_config``.
+
+    Only ``max_batch_size``, inputs, outputs, the dynamic batching scheduler and the
+    transaction policy may be changed, as in Triton.
+    """
+
+    def __init__(self, model_config: str | dict[str, Any]) -> None:
+        cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
+        cfg.setdefault("name", "")
+        cfg.setdefault("max_batch_size", 0)
+        cfg.setdefault("input", [])
+        cfg.setdefault("output", [])
+        self._model_config: dict[str, Any] = cfg
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def _model(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = int(self._model_config.get("max_batch_size", 0))
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config"
+                f" function for model '{self._model()}' specified max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{other}', but"
+                    f" auto-complete-config function for model '{self._model()}' tries to set"
+                    " scheduling_choice as 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def _add_tensor(self, kind: str, tensor: dict[str, Any], allowed: tuple[str, ...]) -> None:
+        if "name" not in tensor:
+            raise ValueError(
+                f"{kind} in auto-complete-config function for model '{self._model()}'"
+                " is missing 'name' property."
+            )
+        name = tensor["name"]
+        for prop in tensor:
+            if prop not in allowed:
+                raise ValueError(
+                    f"{kind} '{name}' in auto-complete-config function for model"
+                    f" '{self._model()}' contains property other than {', '.join(allowed)}."
+                )
+        for prop in ("data_type", "dims"):
+            if prop not in tensor:
+                raise ValueError(
+                    f"{kind} '{name}' in auto-complete-config function for model"
+                    f" '{self._model()}' is missing '{prop}' property."
+                )
+        for current in self._model_config[kind]:
+            if current.get("name") != name:
+                continue
+            cur_type = current.get("data_type", "TYPE_INVALID")
+            if cur_type != "TYPE_INVALID" and cur_type != tensor["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{self._model()}', configuration expects datatype"
+                    f" {cur_type} for {kind} '{name}', model provides {tensor['data_type']}"
+                )
+            cur_dims = [int(d) for d in current.get("dims", [])]
+            new_dims = [int(d) for d in tensor["dims"]]
+            if cur_dims and cur_dims != new_dims:
+                raise ValueError(
+                    f"model '{self._model()}', tensor '{name}': the model expects dims"
+                    f" {new_dims} but the model configuration specifies dims {cur_dims}"
+                )
+            if (
+                "optional" in current
+                and "optional" in tensor
+                and current["optional"] != tensor["optional"]
+            ):
+                raise ValueError(
+                    f"model '{self._model()}', tensor '{name}': the model expects optional"
+                    f" {tensor['optional']} but the model configuration specifies optional"
+                    f" {current['optional']}"
+                )
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = new_dims
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
+            return
+        self._model_config[kind].append(dict(tensor))
+
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's name
+        self._add_tensor("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add_tensor("output", output, ("name", "data_type", "dims"))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        for prop in transaction_policy_dict:
+            if prop != "decoupled":
+                raise ValueError(
+                    "model transaction property in auto-complete-config function for model"
+                    f" '{self._model()}' contains property other than 'decoupled'."
+                )
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            new = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != new:
+                raise ValueError(
+                    "trying to change decoupled property in auto-complete-config for model"
+                    f" '{self._model()}', which is already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = new
+
+
+class Logger:
+    """``pb_utils.Logger.log_info("...")``; lines go to the worker's stderr via ``logging``."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+    _log = logging.getLogger("sluice.model")
+
+    @classmethod
+    def log(cls, message: str, level: int = INFO) -> None:
+        py_level = {
+            cls.INFO: logging.INFO,
+            cls.WARNING: logging.WARNING,
+            cls.ERROR: logging.ERROR,
+            cls.VERBOSE: logging.DEBUG,
+        }.get(level, logging.INFO)
+        cls._log.log(py_level, "%s", message)
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls.log(message, cls.INFO)
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls.log(message, cls.WARNING)
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls.log(message, cls.ERROR)
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        cls.log(message, cls.VERBOSE)

@@ -1,0 +1,49 @@
+"""ServerConfig: one frozen object built by the CLI and passed down explicitly.
+
+This is the only module that reads ``os.environ`` (nothing does at import time).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ServerConfig", "ControlMode"]
+
+
+class ControlMode:
+    NONE = "none"
+    EXPLICIT = "explicit"
+    POLL = "poll"
+    ALL = (NONE, EXPLICIT, POLL)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model_repositories: tuple[Path, ...] = ()
+    control_mode: str = ControlMode.NONE
+    load_models: tuple[str, ...] = ()
+    strict_readiness: bool = True
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
+    repository_poll_secs: float = 15.0
+    exit_timeout_secs: float = 30.0
+    disable_auto_complete_config: bool = False
+    log_verbose: int = 0
+    exit_on_error: bool = True
+    backend_config: tuple[tuple[str, str, str], ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def environment() -> dict[str, str]:
+        return dict(os.environ)

@@ -1,0 +1,1 @@
+"""Thin front-ends: decode, call the InferenceService, encode; one error mapper each."""

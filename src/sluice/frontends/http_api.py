@@ -1,0 +1,442 @@
+"""KServe v2 / Triton HTTP front-end: a bare ASGI callable (no framework, no middleware).
+
+Rules of this file:
+- Translate only: decode, call ``InferenceService``, encode. No behaviour lives here.
+- The path is split once on ``/`` (from ``raw_path``, so ``%2F`` in a model name stays in the
+  name) and matched on segments; model names and versions are percent-decoded.
+- Every handler returns ``(status, body, headers)``; ``__call__`` sends it. Errors are mapped
+  once, in ``__call__``, by ``frontends.errors.http_error``; error bodies are always
+  ``{"error": "<message>"}`` with Content-Type application/json.
+
+Usage::
+
+    frontend = HttpFrontend(service)
+    server, task, port = await start_http_server(frontend, "127.0.0.1", 8000)
+    ...
+    server.should_exit = True
+    await task
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import gzip
+import json
+import socket
+import zlib
+from collections.abc import Awaitable, Callable, Generator, MutableMapping
+from typing import Any
+from urllib.parse import unquote
+
+import uvicorn
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from ..errors import InvalidArgument, ServerError, Status, Unsupported
+from ..protocol.http_codec import decode_infer_request, encode_infer_response
+from ..service import InferenceService
+from .errors import http_error
+
+__all__ = ["HttpFrontend", "make_http_server", "start_http_server", "config_to_json_dict"]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+Result = tuple[int, bytes, Headers]
+
+_CT_JSON: Headers = [(b"content-type", b"application/json")]
+_OK_EMPTY: Result = (200, b"", [])
+_NOT_READY: Result = (400, b"", [])
+_json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+# Triton extensions this server answers with 501 rather than 404.
+_UNSUPPORTED_ROOTS = {b"systemsharedmemory", b"cudasharedmemory", b"trace", b"logging"}
+_UNSUPPORTED_MODEL_ACTIONS = {b"trace", b"generate", b"generate_stream"}
+
+
+class _Disconnected(Exception):
+    """The client went away before its request body arrived; nothing to answer."""
+
+
+class _MethodNotAllowed(Exception):
+    def __init__(self, allowed: str) -> None:
+        self.allowed = allowed
+
+
+def _json(obj: Any, status: int = 200) -> Result:
+    return status, _json_dumps(obj).encode(), _CT_JSON
+
+
+def _error(status: int, message: str) -> Result:
+    return status, _json_dumps({"error": message}).encode(), _CT_JSON
+
+
+def _seg(raw: bytes) -> str:
+    s = raw.decode("utf-8", "surrogateescape")
+    return unquote(s) if "%" in s else s
+
+
+async def _read_body(receive: Receive) -> bytes:
+    msg = await receive()
+    if msg["type"] == "http.disconnect":
+        raise _Disconnected
+    body: bytes = msg.get("body", b"")
+    if not msg.get("more_body", False):
+        return body
+    chunks = [body]
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise _Disconnected
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _decompress(body: bytes, encoding: bytes) -> bytes:
+    enc = encoding.strip().lower()
+    try:
+        if enc == b"gzip":
+            return gzip.decompress(body)
+        if enc == b"deflate":
+            return zlib.decompress(body)
+    except (OSError, zlib.error, EOFError) as exc:
+        raise InvalidArgument(f"failed to decompress the {enc.decode()} request body: {exc}") from None
+    if enc in (b"", b"identity"):
+        return body
+    raise Unsupported(f"unsupported Content-Encoding {encoding.decode('latin-1')!r}")
+
+
+def _accepted_encoding(accept: bytes) -> bytes | None:
+    """The compression Triton would apply for this Accept-Encoding (gzip or deflate)."""
+    for part in accept.lower().split(b","):
+        token, _, q = part.strip().partition(b";")
+        if token in (b"gzip", b"deflate") and q.strip() not in (b"q=0", b"q=0.0"):
+            return token
+    return None
+
+
+def _json_body(body: bytes, what: str) -> dict[str, Any]:
+    """Optional JSON-object body of a control request ({} when empty)."""
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"failed to parse the {what} request JSON: {exc}") from None
+    if type(doc) is not dict:
+        raise InvalidArgument(f"the {what} request JSON must be an object")
+    return doc
+
+
+def _params(doc: dict[str, Any], what: str) -> dict[str, Any]:
+    params = doc.get("parameters")
+    if params is None:
+        return {}
+    if type(params) is not dict:
+        raise InvalidArgument(f"the {what} request field 'parameters' must be a JSON object")
+    return params
+
+
+# --------------------------------------------------------------------------- config JSON
+_INT64 = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _fix_int64(doc: dict[str, Any], desc: Descriptor) -> None:
+    """MessageToDict writes 64-bit integers as strings (proto3 JSON); Triton writes numbers."""
+    for f in desc.fields:
+        v = doc.get(f.name)
+        if v is None:
+            continue
+        mt = f.message_type
+        if mt is not None:
+            if mt.GetOptions().map_entry:
+                vf = mt.fields_by_name["value"]
+                if vf.message_type is not None:
+                    for item in v.values():
+                        _fix_int64(item, vf.message_type)
+                elif vf.type in _INT64:
+                    for k in v:
+                        v[k] = int(v[k])
+            elif isinstance(v, list):
+                for item in v:
+                    _fix_int64(item, mt)
+            else:
+                _fix_int64(v, mt)
+        elif f.type in _INT64:
+            doc[f.name] = [int(x) for x in v] if isinstance(v, list) else int(v)
+
+
+def config_to_json_dict(config: Message) -> dict[str, Any]:
+    """ModelConfig -> Triton's JSON form: proto field names, defaults printed, int64 as numbers."""
+    doc = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    _fix_int64(doc, config.DESCRIPTOR)
+    return doc
+
+
+# --------------------------------------------------------------------------- the application
+class HttpFrontend:
+    """ASGI application serving the KServe v2 / Triton HTTP API over ``service``."""
+
+    __slots__ = ("service",)
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1003})
+            return
+        try:
+            status, body, headers = await self._dispatch(scope, receive)
+        except _Disconnected:
+            return
+        except _MethodNotAllowed as exc:
+            status, body, headers = _error(
+                405, f"method {scope['method']} is not allowed on {scope['path']}"
+            )
+            headers = [*headers, (b"allow", exc.allowed.encode())]
+        except Exception as exc:  # mapped once, here
+            code, message = http_error(exc, f"{scope['method']} {scope['path']}")
+            status, body, headers = _error(code, message)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _dispatch(self, scope: Scope, receive: Receive) -> Result:
+        raw: bytes = scope.get("raw_path") or scope["path"].encode()
+        parts = raw.split(b"/")
+        n = len(parts)
+        if n and parts[-1] == b"" and n > 2:  # tolerate one trailing slash
+            parts.pop()
+            n -= 1
+        method: str = scope["method"]
+        if n < 2 or parts[0] != b"" or parts[1] != b"v2":
+            return _error(404, f"no route for {scope['path']}")
+        # Hot path first: POST /v2/models/<m>[/versions/<v>]/infer
+        if parts[-1] == b"infer" and n in (5, 7) and parts[2] == b"models":
+            if method != "POST":
+                raise _MethodNotAllowed("POST")
+            if n == 5:
+                return await self._infer(scope, receive, _seg(parts[3]), "")
+            if parts[4] == b"versions":
+                return await self._infer(scope, receive, _seg(parts[3]), _seg(parts[5]))
+            return _error(404, f"no route for {scope['path']}")
+        if n == 2:
+            _only(method, "GET")
+            return _json(self.service.server_metadata())
+        head = parts[2]
+        if head == b"health" and n == 4:
+            _only(method, "GET")
+            if parts[3] == b"live":
+                return _OK_EMPTY if self.service.live() else _NOT_READY
+            if parts[3] == b"ready":
+                return _OK_EMPTY if self.service.ready() else _NOT_READY
+        elif head == b"models":
+            if n == 4 and parts[3] == b"stats":
+                _only(method, "GET", "POST")
+                return _json(self.service.model_statistics())
+            if n >= 4:
+                return await self._model_route(scope, receive, parts, n, method)
+        elif head == b"repository":
+            if n == 4 and parts[3] == b"index":
+                _only(method, "GET", "POST")
+                doc = _json_body(await _read_body(receive), "repository index")
+                ready = doc.get("ready", False)
+                if type(ready) is not bool:
+                    raise InvalidArgument("the repository index request field 'ready' must be a boolean")
+                return _json(self.service.repository_index(ready_only=ready))
+            if n == 6 and parts[3] == b"models" and parts[5] in (b"load", b"unload"):
+                _only(method, "POST")
+                name = _seg(parts[4])
+                if parts[5] == b"load":
+                    doc = _json_body(await _read_body(receive), "load")
+                    await self.service.load_model(name, _load_params(_params(doc, "load")))
+                else:
+                    doc = _json_body(await _read_body(receive), "unload")
+                    await self.service.unload_model(name, _params(doc, "unload") or None)
+                return _OK_EMPTY
+        elif head in _UNSUPPORTED_ROOTS:
+            return _error(501, f"the {head.decode()} extension is not supported by this server")
+        return _error(404, f"no route for {scope['path']}")
+
+    async def _model_route(
+        self, scope: Scope, receive: Receive, parts: list[bytes], n: int, method: str
+    ) -> Result:
+        # /v2/models/<m>[/versions/<v>][/<action>]
+        name = _seg(parts[3])
+        version = ""
+        rest = parts[4:]
+        if rest and rest[0] == b"versions":
+            if len(rest) < 2:
+                return _error(404, f"no route for {scope['path']}")
+            version = _seg(rest[1])
+            rest = rest[2:]
+        if not rest:
+            _only(method, "GET")
+            return _json(self.service.model_metadata(name, version))
+        if len(rest) == 1:
+            action = rest[0]
+            if action == b"ready":
+                _only(method, "GET")
+                return _OK_EMPTY if self.service.model_ready(name, version) else _NOT_READY
+            if action == b"config":
+                _only(method, "GET")
+                return _json(config_to_json_dict(self.service.model_config(name, version)))
+            if action == b"stats":
+                _only(method, "GET", "POST")
+                return _json(self.service.model_statistics(name, version))
+            if action in _UNSUPPORTED_MODEL_ACTIONS:
+                return _error(501, f"the {action.decode()} extension is not supported by this server")
+        return _error(404, f"no route for {scope['path']}")
+
+    async def _infer(self, scope: Scope, receive: Receive, model: str, version: str) -> Result:
+        body = await _read_body(receive)
+        header_length: int | None = None
+        accept: bytes | None = None
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise InvalidArgument(
+                        f"Inference-Header-Content-Length must be an integer, got {value!r}"
+                    ) from None
+            elif key == b"content-encoding":
+                body = _decompress(body, value)
+            elif key == b"accept-encoding":
+                accept = value
+        request = decode_infer_request(body, model, version, header_length)
+        response = await self.service.infer(request)
+        out, headers = encode_infer_response(response, request)
+        if accept is not None:
+            enc = _accepted_encoding(accept)
+            if enc is not None:
+                out = gzip.compress(out, 6) if enc == b"gzip" else zlib.compress(out)
+                headers.append((b"content-encoding", enc))
+        return 200, out, headers
+
+
+def _only(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise _MethodNotAllowed(", ".join(allowed))
+
+
+def _load_params(params: dict[str, Any]) -> dict[str, Any] | None:
+    """HTTP load parameters -> service form: "file:..." values base64-decoded to bytes;
+    "config" kept as a JSON string (an object is accepted and re-serialised)."""
+    if not params:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key.startswith("file:"):
+            if type(value) is not str:
+                raise InvalidArgument(f"load parameter '{key}' must be a base64 string")
+            try:
+                out[key] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise InvalidArgument(f"load parameter '{key}' is not valid base64: {exc}") from None
+        elif key == "config":
+            if type(value) is dict:
+                value = json.dumps(value)
+            elif type(value) is not str:
+                raise InvalidArgument("load parameter 'config' must be a JSON string")
+            out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------- server helpers
+class _Server(uvicorn.Server):
+    """uvicorn.Server that leaves signal handling to its owner (sluice's server.py)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def make_http_server(
+    app: HttpFrontend | InferenceService,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    install_signal_handlers: bool = False,
+    **config: Any,
+) -> uvicorn.Server:
+    """A uvicorn.Server for ``app`` tuned for the hot path (uvloop, httptools, no access log,
+    no lifespan, no proxy-headers middleware, no Server/Date headers). ``config`` overrides
+    any uvicorn.Config keyword. Run it with ``await server.serve()`` (or ``serve(sockets=...)``);
+    stop it with ``server.should_exit = True``."""
+    if isinstance(app, InferenceService):
+        app = HttpFrontend(app)
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,
+        "lifespan": "off",
+        "proxy_headers": False,
+        "server_header": False,
+        "date_header": False,
+        "log_level": "warning",
+        "timeout_keep_alive": 75,
+        "backlog": 4096,
+    }
+    options.update(config)
+    cfg = uvicorn.Config(app, **options)
+    return (uvicorn.Server if install_signal_handlers else _Server)(cfg)
+
+
+async def start_http_server(
+    app: HttpFrontend | InferenceService,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    **config: Any,
+) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    """Bind ``host:port`` (0 = any free port), start serving in a task on the running loop and
+    wait until it accepts connections. Returns ``(server, task, bound_port)``. Stop with
+    ``server.should_exit = True; await task``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServerError(f"cannot bind HTTP to {host}:{port}: {exc}", Status.UNAVAILABLE) from exc
+    sock.set_inheritable(True)
+    bound = sock.getsockname()[1]
+    server = make_http_server(app, host, bound, **config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            sock.close()
+            task.result()  # re-raise the startup error
+            raise ServerError(f"HTTP server on {host}:{bound} exited during startup")
+        await asyncio.sleep(0.005)
+    return server, task, bound

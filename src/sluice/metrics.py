@@ -1,0 +1,124 @@
+"""Prometheus metrics with Triton's names and labels, read from the statistics objects at
+scrape time (the hot path records integers only; nothing here runs per request).
+
+Beyond Triton: latency histograms (``*_duration_histogram_us``) for whole-request, queue and
+compute time, so p99 can be computed server-side and aggregated across replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psutil
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .repository.manager import ModelManager
+from .stats import BUCKETS_US, Histogram, ModelStats
+
+__all__ = ["TritonCollector", "build_registry"]
+
+_LABELS = ["model", "version"]
+
+
+def _counter(name: str, doc: str) -> Metric:
+    return Metric(name, doc, "counter")
+
+
+class TritonCollector(Collector):
+    def __init__(self, manager: ModelManager, cpu_metrics: bool = True) -> None:
+        self.manager = manager
+        self.cpu_metrics = cpu_metrics
+        self._proc = psutil.Process()
+        psutil.cpu_percent(interval=None)  # prime the utilisation counter
+
+    def _stats(self) -> Iterator[ModelStats]:
+        for rec in list(self.manager.records.values()):
+            for v, st in sorted(rec.stats.items()):
+                if v in rec.serving:
+                    yield st
+
+    def collect(self) -> Iterator[Metric]:
+        success = _counter("nv_inference_request_success",
+                           "Number of successful inference requests, all batch sizes")
+        failure = _counter("nv_inference_request_failure",
+                           "Number of failed inference requests, all batch sizes")
+        count = _counter("nv_inference_count",
+                         "Number of inferences performed (does not include cached requests)")
+        execs = _counter("nv_inference_exec_count",
+                         "Number of model executions performed (does not include cached requests)")
+        req_us = _counter("nv_inference_request_duration_us",
+                          "Cumulative inference request duration in microseconds (includes cached requests)")
+        queue_us = _counter("nv_inference_queue_duration_us",
+                            "Cumulative inference queuing duration in microseconds (includes cached requests)")
+        cin_us = _counter("nv_inference_compute_input_duration_us",
+                          "Cumulative compute input duration in microseconds (does not include cached requests)")
+        cinf_us = _counter("nv_inference_compute_infer_duration_us",
+                           "Cumulative compute inference duration in microseconds (does not include cached requests)")
+        cout_us = _counter("nv_inference_compute_output_duration_us",
+                           "Cumulative inference compute output duration in microseconds (does not include cached requests)")
+        pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                    "Instantaneous number of pending requests awaiting execution per-model.",
+                                    labels=_LABELS)
+        load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds",
+                                 labels=_LABELS)
+        hists = {
+            "request": HistogramMetricFamily(
+                "nv_inference_request_duration_histogram_us",
+                "Histogram of whole-request durations in microseconds (server side)", labels=_LABELS),
+            "queue": HistogramMetricFamily(
+                "nv_inference_queue_duration_histogram_us",
+                "Histogram of queue durations in microseconds", labels=_LABELS),
+            "compute": HistogramMetricFamily(
+                "nv_inference_compute_duration_histogram_us",
+                "Histogram of compute (input + infer + output) durations in microseconds",
+                labels=_LABELS),
+        }
+        for st in self._stats():
+            lv = {"model": st.name, "version": st.version}
+            labels = [st.name, st.version]
+            success.add_sample("nv_inference_request_success", lv, st.success.count)
+            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+                failure.add_sample("nv_inference_request_failure", {**lv, "reason": reason},
+                                   st.fail_reasons.get(reason, 0))
+            count.add_sample("nv_inference_count", lv, st.inference_count)
+            execs.add_sample("nv_inference_exec_count", lv, st.execution_count)
+            req_us.add_sample("nv_inference_request_duration_us", lv,
+                              (st.success.ns + st.fail.ns) // 1000)
+            queue_us.add_sample("nv_inference_queue_duration_us", lv, st.queue.ns // 1000)
+            cin_us.add_sample("nv_inference_compute_input_duration_us", lv, st.compute_input.ns // 1000)
+            cinf_us.add_sample("nv_inference_compute_infer_duration_us", lv, st.compute_infer.ns // 1000)
+            cout_us.add_sample("nv_inference_compute_output_duration_us", lv,
+                               st.compute_output.ns // 1000)
+            pending.add_metric(labels, st.pending)
+            load.add_metric(labels, st.load_duration_secs)
+            for key, hist in (("request", st.request_hist), ("queue", st.queue_hist),
+                              ("compute", st.compute_hist)):
+                hists[key].add_metric(labels, _buckets(hist), hist.sum_us)
+        yield from (success, failure, count, execs, req_us, queue_us, cin_us, cinf_us, cout_us,
+                    pending, load, *hists.values())
+        if self.cpu_metrics:
+            util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
+            util.add_metric([], psutil.cpu_percent(interval=None) / 100.0)
+            vm = psutil.virtual_memory()
+            total = GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes")
+            total.add_metric([], float(vm.total))
+            used = GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes")
+            used.add_metric([], float(vm.total - vm.available))
+            yield from (util, total, used)
+
+
+def _buckets(hist: Histogram) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    acc = 0
+    for bound, n in zip(BUCKETS_US, hist.counts, strict=False):
+        acc += n
+        out.append((repr(float(bound)), acc))
+    out.append(("+Inf", hist.total))
+    return out
+
+
+def build_registry(manager: ModelManager, cpu_metrics: bool = True) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TritonCollector(manager, cpu_metrics))
+    return registry

@@ -1,0 +1,536 @@
+"""KServe v2 / Triton HTTP inference codec: JSON bodies and the binary tensor extension.
+
+Rules of this file:
+- Pure functions from bytes to ``sluice.types`` and back; no I/O, no framework objects.
+- Fixed-size tensors sent as binary are decoded as ``np.frombuffer`` views on the request
+  body (read-only, possibly unaligned; no copies). Binary tensor data never goes through JSON.
+- Every client mistake raises ``InvalidArgument`` whose message names the input/output and the
+  field at fault (Triton answers many of these with 500; a malformed request is a 400).
+- BYTES elements are ``bytes``; the binary form is a 4-byte little-endian length then the bytes,
+  repeated. JSON carries BYTES as UTF-8 strings.
+
+Usage (server side)::
+
+    req = decode_infer_request(body, "add_sub", "", header_length)   # header from the request
+    resp = await service.infer(req)
+    body, headers = encode_infer_response(resp, req)
+
+Usage (client side, e.g. the load tester)::
+
+    body, header_length = encode_infer_request(inputs, binary=True)
+    resp = decode_infer_response(body, header_length)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument, Unsupported
+from ..types import InferRequest, InferResponse, OutputSpec
+from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
+
+__all__ = [
+    "HEADER_LENGTH",
+    "decode_infer_request",
+    "encode_infer_response",
+    "encode_infer_request",
+    "decode_infer_response",
+    "serialize_bytes_tensor",
+    "deserialize_bytes_tensor",
+    "output_is_binary",
+]
+
+HEADER_LENGTH = "inference-header-content-length"
+_HEADER_LENGTH_B = HEADER_LENGTH.encode()
+_CT_JSON = (b"content-type", b"application/json")
+_CT_OCTET = (b"content-type", b"application/octet-stream")
+
+_U32 = struct.Struct("<I")
+_unpack_u32 = _U32.unpack_from
+_pack_u32 = _U32.pack
+
+_json_loads = json.loads
+# Compact separators: smaller bodies, and the client does not care about whitespace.
+_json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+# JSON element types each datatype accepts (checked by exact type: bool is not an int here).
+_INT_TYPES = frozenset({int})
+_FP_TYPES = frozenset({int, float})
+_JSON_TYPES: dict[str, frozenset[type]] = {
+    "BOOL": frozenset({bool}),
+    "BYTES": frozenset({str}),
+    "FP16": _FP_TYPES,
+    "FP32": _FP_TYPES,
+    "FP64": _FP_TYPES,
+}
+for _name in ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"):
+    _JSON_TYPES[_name] = _INT_TYPES
+_JSON_TYPE_WORD = {
+    "BOOL": "a JSON boolean",
+    "BYTES": "a JSON string",
+    "FP16": "a JSON number",
+    "FP32": "a JSON number",
+    "FP64": "a JSON number",
+}
+_OBJECT = np.dtype(np.object_)
+_KNOWN = ", ".join(KSERVE_TO_NUMPY)
+
+
+# --------------------------------------------------------------------------- BYTES helpers
+def serialize_bytes_tensor(arr: np.ndarray) -> bytes:
+    """Flatten ``arr`` (C order) into length-prefixed elements. ``str`` elements are encoded
+    UTF-8; other non-bytes elements are converted with ``str()`` first (as tritonclient does)."""
+    parts: list[bytes] = []
+    append = parts.append
+    for item in arr.ravel():
+        if type(item) is not bytes:
+            if isinstance(item, str):
+                item = item.encode()
+            elif isinstance(item, bytes | bytearray | memoryview | np.bytes_):
+                item = bytes(item)
+            else:
+                item = str(item).encode()
+        append(_pack_u32(len(item)))
+        append(item)
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(
+    buf: bytes | memoryview, count: int, start: int = 0, end: int | None = None, name: str = ""
+) -> np.ndarray:
+    """Parse ``count`` length-prefixed elements from ``buf[start:end]`` into a 1-D object array
+    of ``bytes``; the elements must fill the span exactly."""
+    if end is None:
+        end = len(buf)
+    out = np.empty(count, dtype=_OBJECT)
+    mv = memoryview(buf)
+    pos = start
+    try:
+        for i in range(count):
+            if pos + 4 > end:
+                raise struct.error
+            (n,) = _unpack_u32(mv, pos)
+            pos += 4
+            if pos + n > end:
+                raise struct.error
+            out[i] = bytes(mv[pos : pos + n])
+            pos += n
+    except struct.error:
+        raise InvalidArgument(
+            f"input '{name}': BYTES data holds fewer than the {count} elements its shape "
+            "requires (or an element length runs past the end of binary_data_size)"
+        ) from None
+    if pos != end:
+        raise InvalidArgument(
+            f"input '{name}': BYTES data holds {end - pos} bytes more than the {count} "
+            "elements its shape requires"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- request decode
+def _flatten(data: list[Any]) -> list[Any]:
+    """Triton accepts nested JSON arrays (row-major); flatten them."""
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if type(item) is list:
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _bad(msg: str) -> InvalidArgument:
+    return InvalidArgument(msg)
+
+
+def _parse_shape(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
+    if type(shape) is not list:
+        raise _bad(f"input '{name}': 'shape' must be a JSON array of non-negative integers")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise _bad(
+                f"input '{name}': 'shape' must be a JSON array of non-negative integers, got {shape!r}"
+            )
+    return tuple(shape), math.prod(shape)
+
+
+def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any) -> np.ndarray:
+    if type(data) is not list:
+        raise _bad(f"input '{name}': 'data' must be a JSON array")
+    types = set(map(type, data))
+    if list in types:
+        data = _flatten(data)
+        types = set(map(type, data))
+    if len(data) != count:
+        raise _bad(
+            f"input '{name}': 'data' has {len(data)} elements but shape {list(shape)} "
+            f"requires {count}"
+        )
+    allowed = _JSON_TYPES[datatype]
+    if not types <= allowed:
+        bad = next(x for x in data if type(x) not in allowed)
+        word = _JSON_TYPE_WORD.get(datatype, "a JSON integer")
+        raise _bad(
+            f"input '{name}': 'data' elements must each be {word} for datatype {datatype}, "
+            f"got {json.dumps(bad)}"
+        )
+    if datatype == "BYTES":
+        arr = np.empty(count, dtype=_OBJECT)
+        arr[:] = [s.encode() for s in data]
+        return arr.reshape(shape)
+    try:
+        return np.array(data, dtype=KSERVE_TO_NUMPY[datatype]).reshape(shape)
+    except (OverflowError, ValueError) as exc:
+        raise _bad(f"input '{name}': 'data' value out of range for datatype {datatype}: {exc}") from None
+
+
+def _parameters(owner: str, params: Any) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if type(params) is not dict:
+        raise _bad(f"{owner}: 'parameters' must be a JSON object")
+    return params
+
+
+def decode_infer_request(
+    body: bytes,
+    model_name: str,
+    model_version: str = "",
+    header_length: int | None = None,
+) -> InferRequest:
+    """Decode an infer request body. ``header_length`` is the value of the
+    ``Inference-Header-Content-Length`` header (None when absent: the whole body is JSON)."""
+    blen = len(body)
+    if header_length is None:
+        header_length = blen
+    elif header_length < 0 or header_length > blen:
+        raise _bad(
+            f"Inference-Header-Content-Length {header_length} is outside the body of {blen} bytes"
+        )
+    try:
+        doc = _json_loads(body if header_length == blen else body[:header_length])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"failed to parse the request JSON: {exc}") from None
+    if type(doc) is not dict:
+        raise _bad("the request JSON must be an object")
+    inputs_doc = doc.get("inputs")
+    if inputs_doc is None:
+        raise _bad("the request JSON is missing the required field 'inputs'")
+    if type(inputs_doc) is not list:
+        raise _bad("the request field 'inputs' must be a JSON array")
+
+    req_id = doc.get("id", "")
+    if type(req_id) is not str:
+        raise _bad("the request field 'id' must be a string")
+    params = _parameters("the request", doc.get("parameters"))
+
+    inputs: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    pos = header_length  # read cursor into the binary tail
+    for idx, tin in enumerate(inputs_doc):
+        if type(tin) is not dict:
+            raise _bad(f"'inputs[{idx}]' must be a JSON object")
+        name = tin.get("name")
+        if type(name) is not str:
+            raise _bad(f"'inputs[{idx}]' is missing the required string field 'name'")
+        if name in inputs:
+            raise _bad(f"input '{name}' appears more than once in 'inputs'")
+        datatype = tin.get("datatype")
+        dt = KSERVE_TO_NUMPY.get(datatype) if type(datatype) is str else None
+        if dt is None:
+            raise _bad(
+                f"input '{name}': unknown 'datatype' {json.dumps(datatype)}; expected one of {_KNOWN}"
+            )
+        shape, count = _parse_shape(name, tin.get("shape"))
+        tparams = tin.get("parameters")
+        size = None
+        if tparams is not None:
+            if type(tparams) is not dict:
+                raise _bad(f"input '{name}': 'parameters' must be a JSON object")
+            if "shared_memory_region" in tparams:
+                raise Unsupported(
+                    f"input '{name}': shared memory inputs are not supported by this server"
+                )
+            size = tparams.get("binary_data_size")
+
+        if size is None:
+            if "data" not in tin:
+                raise _bad(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+            arr = _json_tensor(name, datatype, shape, count, tin["data"])
+        else:
+            if "data" in tin:
+                raise _bad(f"input '{name}' has both 'data' and parameters.binary_data_size")
+            if type(size) is not int or size < 0:
+                raise _bad(f"input '{name}': parameters.binary_data_size must be a non-negative integer")
+            end = pos + size
+            if end > blen:
+                if header_length == blen:
+                    raise _bad(
+                        f"input '{name}' has parameters.binary_data_size but the request has no "
+                        "Inference-Header-Content-Length header"
+                    )
+                raise _bad(
+                    f"input '{name}': parameters.binary_data_size {size} runs past the end of the "
+                    f"body ({blen - pos} bytes of binary data remain)"
+                )
+            if dt is _OBJECT:
+                arr = deserialize_bytes_tensor(body, count, pos, end, name).reshape(shape)
+            else:
+                expect = count * dt.itemsize
+                if size != expect:
+                    raise _bad(
+                        f"input '{name}': parameters.binary_data_size is {size} bytes but shape "
+                        f"{list(shape)} of {datatype} requires {expect}"
+                    )
+                if count:
+                    arr = np.frombuffer(body, dtype=dt, count=count, offset=pos)
+                    if len(shape) != 1:
+                        arr = arr.reshape(shape)
+                else:
+                    arr = np.empty(shape, dtype=dt)
+            pos = end
+        inputs[name] = arr
+        datatypes[name] = datatype
+    if pos != blen:
+        raise _bad(
+            f"the request body has {blen - pos} bytes of binary data not claimed by any input's "
+            "parameters.binary_data_size"
+        )
+
+    outputs: list[OutputSpec] | None = None
+    outputs_doc = doc.get("outputs")
+    if outputs_doc is not None:
+        if type(outputs_doc) is not list:
+            raise _bad("the request field 'outputs' must be a JSON array")
+        outputs = []
+        for idx, tout in enumerate(outputs_doc):
+            if type(tout) is not dict or type(tout.get("name")) is not str:
+                raise _bad(f"'outputs[{idx}]' must be a JSON object with a string 'name'")
+            oname = tout["name"]
+            oparams = _parameters(f"output '{oname}'", tout.get("parameters"))
+            if "shared_memory_region" in oparams:
+                raise Unsupported(
+                    f"output '{oname}': shared memory outputs are not supported by this server"
+                )
+            outputs.append(OutputSpec(oname, oparams))
+
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=req_id,
+        inputs=inputs,
+        input_datatypes=datatypes,
+        outputs=outputs,
+        parameters=params,
+    )
+
+
+# --------------------------------------------------------------------------- response encode
+def output_is_binary(spec: OutputSpec | None, request_params: Mapping[str, Any]) -> bool:
+    """Per-output ``binary_data`` wins; otherwise the request-level ``binary_data_output``."""
+    if spec is not None:
+        flag = spec.parameters.get("binary_data")
+        if flag is not None:
+            return bool(flag)
+    return bool(request_params.get("binary_data_output", False))
+
+
+def _json_data(datatype: str, arr: np.ndarray) -> list[Any] | None:
+    """Flat JSON list for ``arr``; None when a BYTES element is not valid UTF-8 (the caller then
+    sends that output as binary, which every client decodes)."""
+    if datatype == "BYTES":
+        out = []
+        for item in arr.ravel():
+            if isinstance(item, bytes):
+                try:
+                    out.append(item.decode())
+                except UnicodeDecodeError:
+                    return None
+            else:
+                out.append(item if isinstance(item, str) else str(item))
+        return out
+    return arr.ravel().tolist()  # type: ignore[no-any-return]
+
+
+def encode_infer_response(
+    response: InferResponse,
+    request: InferRequest | None = None,
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """Encode ``response`` as JSON, or JSON + binary tail when any output is binary.
+
+    Returns ``(body, headers)``; headers hold Content-Type and, for a binary tail,
+    Inference-Header-Content-Length (ASGI form: lower-case byte pairs; no Content-Length).
+    Only the outputs the request asked for are sent, in the order asked; outputs the request
+    named but the response lacks are skipped (the service validates names).
+    """
+    req_params: Mapping[str, Any] = request.parameters if request is not None else {}
+    wanted = request.outputs if request is not None else None
+    outs = response.outputs
+    dtypes = response.output_datatypes
+    if wanted is None:
+        selected: Sequence[tuple[str, OutputSpec | None]] = [(n, None) for n in outs]
+    else:
+        selected = [(s.name, s) for s in wanted if s.name in outs]
+
+    out_docs: list[dict[str, Any]] = []
+    tail: list[bytes | memoryview] = []
+    for name, spec in selected:
+        arr = outs[name]
+        datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
+        if datatype is None:
+            raise InvalidArgument(f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype")
+        doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        binary = output_is_binary(spec, req_params)
+        if not binary:
+            data = _json_data(datatype, arr)
+            if data is None:
+                binary = True
+            else:
+                doc["data"] = data
+        if binary:
+            raw = _binary(datatype, arr)
+            doc["parameters"] = {"binary_data_size": len(raw)}
+            tail.append(raw)
+        out_docs.append(doc)
+
+    head: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+    }
+    if response.id:
+        head["id"] = response.id
+    if response.parameters:
+        head["parameters"] = response.parameters
+    head["outputs"] = out_docs
+    header = _json_dumps(head).encode()
+    if not tail:
+        return header, [_CT_JSON]
+    return b"".join([header, *tail]), [
+        _CT_OCTET,
+        (_HEADER_LENGTH_B, str(len(header)).encode()),
+    ]
+
+
+def _binary(datatype: str, arr: np.ndarray) -> bytes | memoryview:
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(arr)
+    want = KSERVE_TO_NUMPY.get(datatype)
+    if want is None:
+        raise InvalidArgument(f"unknown datatype {datatype!r}")
+    if arr.dtype != want:
+        arr = arr.astype(want)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr.data.cast("B") if arr.ndim else arr.tobytes()
+
+
+# --------------------------------------------------------------------------- client side
+def encode_infer_request(
+    inputs: Mapping[str, np.ndarray],
+    *,
+    binary: bool = True,
+    outputs: Sequence[OutputSpec] | None = None,
+    request_id: str = "",
+    parameters: Mapping[str, Any] | None = None,
+    datatypes: Mapping[str, str] | None = None,
+) -> tuple[bytes, int | None]:
+    """Build an infer request body (as tritonclient does). Returns ``(body, header_length)``;
+    header_length is None for a pure-JSON body."""
+    docs: list[dict[str, Any]] = []
+    tail: list[bytes | memoryview] = []
+    for name, arr in inputs.items():
+        datatype = (datatypes or {}).get(name) or numpy_to_kserve(arr.dtype)
+        if datatype is None:
+            raise InvalidArgument(f"input '{name}': numpy dtype {arr.dtype} has no KServe datatype")
+        doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        if binary:
+            raw = _binary(datatype, arr)
+            doc["parameters"] = {"binary_data_size": len(raw)}
+            tail.append(raw)
+        else:
+            data = _json_data(datatype, arr)
+            if data is None:
+                raise InvalidArgument(f"input '{name}': BYTES elements must be UTF-8 to send as JSON")
+            doc["data"] = data
+        docs.append(doc)
+    head: dict[str, Any] = {}
+    if request_id:
+        head["id"] = request_id
+    params = dict(parameters or {})
+    if outputs is None:
+        params.setdefault("binary_data_output", binary)
+    if params:
+        head["parameters"] = params
+    head["inputs"] = docs
+    if outputs is not None:
+        head["outputs"] = [
+            {"name": o.name, "parameters": o.parameters} if o.parameters else {"name": o.name}
+            for o in outputs
+        ]
+    header = _json_dumps(head).encode()
+    if not tail:
+        return header, None
+    return b"".join([header, *tail]), len(header)
+
+
+def decode_infer_response(body: bytes, header_length: int | None = None) -> InferResponse:
+    """Decode a response body into an InferResponse (binary outputs as views on ``body``)."""
+    blen = len(body)
+    hl = blen if header_length is None else header_length
+    try:
+        doc = _json_loads(body if hl == blen else body[:hl])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"failed to parse the response JSON: {exc}") from None
+    if type(doc) is not dict:
+        raise _bad("the response JSON must be an object")
+    if "error" in doc and "outputs" not in doc:
+        raise _bad(f"server error: {doc['error']}")
+    outputs: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    pos = hl
+    for tout in doc.get("outputs", []):
+        name, datatype = tout["name"], tout["datatype"]
+        shape = tuple(tout["shape"])
+        count = math.prod(shape)
+        size = (tout.get("parameters") or {}).get("binary_data_size")
+        dt = KSERVE_TO_NUMPY.get(datatype)
+        if dt is None:
+            raise _bad(f"output '{name}': unknown datatype {datatype!r}")
+        if size is None:
+            data = tout.get("data", [])
+            if datatype == "BYTES":
+                arr = np.empty(len(data), dtype=_OBJECT)
+                arr[:] = [s.encode() if isinstance(s, str) else s for s in _flatten(data)]
+                arr = arr.reshape(shape)
+            else:
+                arr = np.array(_flatten(data), dtype=dt).reshape(shape)
+        else:
+            end = pos + size
+            if dt is _OBJECT:
+                arr = deserialize_bytes_tensor(body, count, pos, end, name).reshape(shape)
+            elif count:
+                arr = np.frombuffer(body, dtype=dt, count=count, offset=pos).reshape(shape)
+            else:
+                arr = np.empty(shape, dtype=dt)
+            pos = end
+        outputs[name] = arr
+        dtypes[name] = datatype
+    return InferResponse(
+        model_name=doc.get("model_name", ""),
+        model_version=doc.get("model_version", ""),
+        id=doc.get("id", ""),
+        outputs=outputs,
+        output_datatypes=dtypes,
+        parameters=doc.get("parameters") or {},
+    )

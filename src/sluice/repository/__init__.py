@@ -1,0 +1,1 @@
+"""Model repository: layout scan, config parsing, and the model manager."""

@@ -1,0 +1,120 @@
+"""Scanning a model repository: ``<repo>/<model>/<numeric version>/`` plus ``config.pbtxt``.
+
+Rules of this file:
+- A model name is a plain directory name: no separators, not ``.``/``..``, not empty, not
+  hidden. Anything else is refused before the file system is touched, so nothing outside a
+  repository is ever read.
+- Version directories must be numeric without a leading zero; others are skipped with a
+  warning that names them (and a model file at the model root is called out).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import InvalidArgument, NotFound
+
+__all__ = [
+    "check_model_name",
+    "find_model_dir",
+    "list_models",
+    "list_versions",
+    "select_versions",
+]
+
+log = logging.getLogger("sluice.repository")
+
+_MODEL_FILE_SUFFIXES = (".py", ".onnx", ".pt", ".plan", ".savedmodel", ".graphdef", ".pb")
+
+
+def check_model_name(name: str) -> str:
+    """Return ``name`` if it is a legal model name, else raise InvalidArgument."""
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+        or name.startswith(".")
+    ):
+        raise InvalidArgument(
+            f"invalid model name '{name}': a model name must be a plain directory name "
+            "in the model repository"
+        )
+    return name
+
+
+def list_models(repositories: tuple[Path, ...]) -> dict[str, Path]:
+    """Model name -> model directory, across every repository. A name found in more than one
+    repository maps to the first one and is logged (Triton makes it unavailable)."""
+    found: dict[str, Path] = {}
+    for repo in repositories:
+        try:
+            entries = sorted(os.scandir(repo), key=lambda e: e.name)
+        except OSError as exc:
+            log.error("cannot read model repository %s: %s", repo, exc)
+            continue
+        for entry in entries:
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            if entry.name in found:
+                log.warning("model '%s' is in more than one repository (%s and %s)",
+                            entry.name, found[entry.name].parent, repo)
+                continue
+            found[entry.name] = Path(entry.path)
+    return found
+
+
+def find_model_dir(repositories: tuple[Path, ...], name: str) -> Path:
+    check_model_name(name)
+    for repo in repositories:
+        candidate = repo / name  # name is a plain directory name: candidate is inside repo
+        if candidate.is_dir():
+            return candidate
+    raise NotFound(f"failed to load '{name}': model directory not found in any model repository")
+
+
+def list_versions(model_dir: Path, warn: bool = True) -> list[int]:
+    """Numeric version directories, sorted; warns about the ones that are skipped."""
+    versions: list[int] = []
+    try:
+        entries = list(os.scandir(model_dir))
+    except OSError as exc:
+        raise NotFound(f"cannot read model directory {model_dir}: {exc}") from None
+    for entry in entries:
+        if entry.is_dir():
+            if entry.name.isdigit() and not (entry.name.startswith("0")):
+                versions.append(int(entry.name))
+            elif warn and not entry.name.startswith((".", "_")):
+                log.warning(
+                    "model '%s': ignoring directory '%s': version directories must be numeric "
+                    "and must not start with 0", model_dir.name, entry.path)
+        elif warn and entry.name.endswith(_MODEL_FILE_SUFFIXES):
+            log.warning(
+                "model '%s': file '%s' is at the model root and will not be loaded; move it into "
+                "a numeric version directory, e.g. %s/1/%s",
+                model_dir.name, entry.path, model_dir, entry.name)
+    versions.sort()
+    return versions
+
+
+def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
+    """Apply ``version_policy`` (default: latest 1) to the available versions."""
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return list(available)
+    if which == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise NotFound(
+                f"model '{config.name}': version_policy.specific asks for version(s) "
+                f"{', '.join(map(str, missing))} which have no directory")
+        return [int(v) for v in wanted]
+    n = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
+    return available[-n:]

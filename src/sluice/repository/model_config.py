@@ -1,0 +1,219 @@
+"""config.pbtxt -> Triton's own ``ModelConfig`` (parsed with protobuf's text_format), defaults,
+normalisation of platform/backend names, and validation.
+
+Every error names the file, and where protobuf tells it, the line, column and field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import InvalidArgument
+
+__all__ = [
+    "CONFIG_FILE",
+    "read_config",
+    "parse_config_text",
+    "parse_config_json",
+    "normalise",
+    "validate",
+    "config_to_json_dict",
+    "default_model_filename",
+]
+
+CONFIG_FILE = "config.pbtxt"
+
+# platform -> backend, as Triton fills them in
+_PLATFORM_BACKEND = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
+}
+_BACKEND_PLATFORM = {
+    "onnxruntime": "onnxruntime_onnx",
+    "pytorch": "pytorch_libtorch",
+    "tensorrt": "tensorrt_plan",
+}
+_DEFAULT_FILENAME = {
+    "python": "model.py",
+    "onnxruntime": "model.onnx",
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+}
+# file in a version directory -> backend, for configs that name neither
+_FILE_BACKEND = {"model.py": "python", "model.onnx": "onnxruntime", "model.pt": "pytorch",
+                 "model.plan": "tensorrt"}
+
+
+def parse_config_text(text: str, source: str) -> mc.ModelConfig:
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        line, col = exc.GetLine(), exc.GetColumn()
+        where = f"{source}:{line}:{col}" if line else source
+        detail = str(exc)
+        # protobuf prefixes "line:col : "; keep only the message, we print the location.
+        if detail.startswith(f"{line}:{col} : "):
+            detail = detail[len(f"{line}:{col} : "):]
+        raise InvalidArgument(f"invalid model configuration {where}: {detail}") from None
+    return config
+
+
+def parse_config_json(text: str, source: str = "'config' parameter") -> mc.ModelConfig:
+    config = mc.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except (json_format.ParseError, ValueError) as exc:
+        raise InvalidArgument(f"invalid model configuration in {source}: {exc}") from None
+    return config
+
+
+def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
+    """(config, present): the parsed config.pbtxt, or an empty config if there is none."""
+    path = model_dir / CONFIG_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return mc.ModelConfig(), False
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"cannot read {path}: {exc}") from None
+    return parse_config_text(text, str(path)), True
+
+
+def default_model_filename(config: mc.ModelConfig) -> str:
+    return config.default_model_filename or _DEFAULT_FILENAME.get(config.backend, "model")
+
+
+def normalise(config: mc.ModelConfig, model_dir: Path, versions: list[int]) -> mc.ModelConfig:
+    """Fill name, platform/backend and instance groups the way Triton does."""
+    source = model_dir / CONFIG_FILE
+    if not config.name:
+        config.name = model_dir.name
+    elif config.name != model_dir.name:
+        raise InvalidArgument(
+            f"invalid model configuration {source}: field 'name' is '{config.name}' but the "
+            f"model directory is '{model_dir.name}'")
+    if not config.backend and config.platform in _PLATFORM_BACKEND:
+        config.backend = _PLATFORM_BACKEND[config.platform]
+    if config.backend and not config.platform and config.backend in _BACKEND_PLATFORM:
+        config.platform = _BACKEND_PLATFORM[config.backend]
+    if not config.backend and not config.platform:
+        for version in reversed(versions):
+            for fname, backend in _FILE_BACKEND.items():
+                if (model_dir / str(version) / fname).exists():
+                    config.backend = backend
+                    config.platform = _BACKEND_PLATFORM.get(backend, "")
+                    break
+            if config.backend:
+                break
+    if config.platform == "ensemble":
+        return config
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.kind = mc.ModelInstanceGroup.KIND_CPU
+        group.count = 1
+    for i, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{i}" if len(config.instance_group) > 1 else config.name
+        if group.count == 0:
+            group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+    return config
+
+
+def validate(config: mc.ModelConfig, source: str) -> None:
+    """Structural checks Triton makes before a backend sees the config."""
+    if not config.backend and not config.platform:
+        raise InvalidArgument(
+            f"invalid model configuration {source}: neither 'backend' nor 'platform' is set and "
+            "no model file was found to infer it from")
+    if config.max_batch_size < 0:
+        raise InvalidArgument(f"invalid model configuration {source}: 'max_batch_size' must be >= 0")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for t in tensors:
+            if not t.name:
+                raise InvalidArgument(f"invalid model configuration {source}: an {kind} has no 'name'")
+            if t.name in seen:
+                raise InvalidArgument(
+                    f"invalid model configuration {source}: {kind} '{t.name}' is declared twice")
+            seen.add(t.name)
+            if t.data_type == mc.TYPE_INVALID:
+                raise InvalidArgument(
+                    f"invalid model configuration {source}: {kind} '{t.name}' has no 'data_type'")
+            if not t.dims and not (t.reshape.shape or config.max_batch_size > 0):
+                raise InvalidArgument(
+                    f"invalid model configuration {source}: {kind} '{t.name}' has no 'dims'")
+            for d in t.dims:
+                if d < -1 or d == 0:
+                    raise InvalidArgument(
+                        f"invalid model configuration {source}: {kind} '{t.name}' has invalid "
+                        f"dims {list(t.dims)}: each must be -1 or positive")
+    if config.HasField("dynamic_batching"):
+        db = config.dynamic_batching
+        if config.max_batch_size == 0:
+            raise InvalidArgument(
+                f"invalid model configuration {source}: 'dynamic_batching' requires "
+                "'max_batch_size' > 0")
+        for size in db.preferred_batch_size:
+            if size <= 0 or size > config.max_batch_size:
+                raise InvalidArgument(
+                    f"invalid model configuration {source}: dynamic_batching.preferred_batch_size "
+                    f"{size} must be between 1 and max_batch_size ({config.max_batch_size})")
+        if db.priority_levels == 0 and db.default_priority_level != 0:
+            raise InvalidArgument(
+                f"invalid model configuration {source}: 'default_priority_level' needs "
+                "'priority_levels'")
+        if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
+            raise InvalidArgument(
+                f"invalid model configuration {source}: dynamic_batching.default_priority_level "
+                f"must be between 1 and priority_levels ({db.priority_levels})")
+
+
+def config_to_json_dict(config: mc.ModelConfig) -> dict[str, Any]:
+    """Triton's JSON form of a ModelConfig: proto field names, every field printed, and
+    64-bit integers as JSON numbers (protobuf's JSON mapping would quote them)."""
+    data = json_format.MessageToDict(config, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    _unquote_int64(config.DESCRIPTOR, data)
+    return data
+
+
+_INT64_TYPES = {FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64}
+
+
+def _unquote_int64(descriptor: Descriptor, data: dict[str, Any]) -> None:
+    for fd in descriptor.fields:
+        if fd.name not in data:
+            continue
+        value = data[fd.name]
+        if fd.cpp_type in _INT64_TYPES:
+            if isinstance(value, list):
+                data[fd.name] = [int(v) for v in value]
+            elif isinstance(value, dict):
+                data[fd.name] = {k: int(v) for k, v in value.items()}
+            else:
+                data[fd.name] = int(value)
+        elif fd.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE:
+            sub = fd.message_type
+            if sub.GetOptions().map_entry:
+                vfd = sub.fields_by_name["value"]
+                if vfd.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE:
+                    for v in value.values():
+                        _unquote_int64(vfd.message_type, v)
+                elif vfd.cpp_type in _INT64_TYPES:
+                    data[fd.name] = {k: int(v) for k, v in value.items()}
+            elif isinstance(value, list):
+                for v in value:
+                    _unquote_int64(sub, v)
+            elif isinstance(value, dict):
+                _unquote_int64(sub, value)

@@ -1,0 +1,81 @@
+"""Model and version records held by the manager, and the state names of the index."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..backends.base import ModelSpec
+from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
+from ..scheduling.scheduler import Scheduler
+from ..stats import ModelStats
+
+__all__ = ["READY", "UNAVAILABLE", "LOADING", "UNLOADING", "TensorInfo", "ServingVersion",
+           "ModelRecord"]
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+LOADING = "LOADING"
+UNLOADING = "UNLOADING"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    datatype: str  # KServe spelling
+    dtype: np.dtype | None
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+def tensor_infos(tensors: list[mc.ModelInput] | list[mc.ModelOutput]) -> dict[str, TensorInfo]:
+    out: dict[str, TensorInfo] = {}
+    for t in tensors:
+        dt = config_to_kserve(mc.DataType.Name(t.data_type))
+        out[t.name] = TensorInfo(t.name, dt, kserve_to_numpy(dt), tuple(int(d) for d in t.dims),
+                                 bool(getattr(t, "optional", False)))
+    return out
+
+
+@dataclass(slots=True)
+class ServingVersion:
+    """A loaded version: its config, scheduler and statistics. Immutable once serving."""
+
+    spec: ModelSpec
+    scheduler: Scheduler
+    stats: ModelStats
+    inputs: dict[str, TensorInfo]
+    outputs: dict[str, TensorInfo]
+    required_inputs: frozenset[str]
+    max_batch_size: int
+    version_str: str
+
+    @property
+    def config(self) -> mc.ModelConfig:
+        return self.spec.config
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    name: str
+    serving: dict[int, ServingVersion] = field(default_factory=dict)
+    # version (or 0 = the model as a whole) -> (state, reason), for the index
+    states: dict[int, tuple[str, str]] = field(default_factory=dict)
+    latest: ServingVersion | None = None  # highest serving version
+    required: bool = False  # counts for strict readiness
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # kept across reloads so statistics stay cumulative, as in Triton
+    stats: dict[int, ModelStats] = field(default_factory=dict)
+    signature: tuple[object, ...] = ()  # poll mode: what the files looked like at last load
+    dependents: set[str] = field(default_factory=set)
+
+    def set_serving(self, serving: dict[int, ServingVersion]) -> None:
+        self.serving = serving
+        self.latest = serving[max(serving)] if serving else None
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.serving)

@@ -1,0 +1,1 @@
+"""Request scheduling: queues, priorities, timeouts and the dynamic batcher."""

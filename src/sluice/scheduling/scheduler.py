@@ -1,0 +1,253 @@
+"""The per model-version scheduler: priority queues with Triton's queue policies, the
+dynamic batcher, and the pool of idle instances.
+
+Rules of this file:
+- Jobs carry their own future. Dispatch is event driven: it runs when a job arrives, when
+  an instance frees up, and from one timer armed at the next batching deadline or queue
+  timeout. There is no polling loop.
+- An instance runs one batch at a time; N instances run N batches concurrently.
+- A full queue and an expired timeout refuse the request at once with Unavailable.
+- ``drain()`` waits until nothing is queued or running (used before an unload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..backends.base import ModelInstance
+from ..errors import Internal, ServerError, Unavailable
+from ..stats import ModelStats
+from ..types import InferRequest, InferResponse
+from .policy import BatchPolicy, Job, take_batch
+
+__all__ = ["Scheduler", "QueuePolicy"]
+
+log = logging.getLogger("sluice.scheduler")
+
+_REJECT = mc.ModelQueuePolicy.REJECT
+
+
+class QueuePolicy:
+    __slots__ = ("max_queue_size", "timeout_ns", "allow_override", "delay")
+
+    def __init__(self, p: mc.ModelQueuePolicy | None) -> None:
+        self.max_queue_size = p.max_queue_size if p else 0
+        self.timeout_ns = p.default_timeout_microseconds * 1000 if p else 0
+        self.allow_override = p.allow_timeout_override if p else False
+        self.delay = bool(p and p.timeout_action != _REJECT)
+
+
+class Scheduler:
+    def __init__(self, model: str, version: str, config: mc.ModelConfig,
+                 instances: list[ModelInstance], stats: ModelStats) -> None:
+        self.model = model
+        self.version = version
+        self.stats = stats
+        self._instances = list(instances)
+        self._idle: list[ModelInstance] = list(instances)
+        db = config.dynamic_batching if config.HasField("dynamic_batching") else None
+        max_batch = config.max_batch_size
+        self.policy = BatchPolicy(
+            dynamic=db is not None and max_batch > 0,
+            max_batch_size=max(max_batch, 1),
+            preferred=frozenset(db.preferred_batch_size) if db else frozenset(),
+            max_delay_ns=db.max_queue_delay_microseconds * 1000 if db else 0,
+        )
+        levels = db.priority_levels if db and db.priority_levels > 0 else 1
+        self.levels = levels
+        self.default_level = (db.default_priority_level - 1) if db and db.default_priority_level else (
+            levels - 1 if levels > 1 else 0)
+        default = QueuePolicy(db.default_queue_policy if db and db.HasField("default_queue_policy") else None)
+        self._queue_policies = [
+            QueuePolicy(db.priority_queue_policy[i + 1]) if db and (i + 1) in db.priority_queue_policy else default
+            for i in range(levels)
+        ]
+        self._queues: list[deque[Job]] = [deque() for _ in range(levels)]
+        # DELAY-action jobs whose timeout passed: served only when nothing else waits.
+        self._delayed: deque[Job] = deque()
+        self._queued = 0
+        self._running = 0
+        self._has_timeouts = any(q.timeout_ns or q.allow_override for q in self._queue_policies)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+        self._idle_event: asyncio.Event | None = None
+        self._loop = asyncio.get_event_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, request: InferRequest, batch_size: int, shape_key: tuple[Any, ...],
+               priority: int = 0, timeout_us: int = 0) -> asyncio.Future[InferResponse]:
+        """Queue a validated request; the returned future resolves to its response."""
+        level = self.default_level if priority <= 0 or priority > self.levels else priority - 1
+        qp = self._queue_policies[level]
+        if qp.max_queue_size and len(self._queues[level]) >= qp.max_queue_size:
+            raise Unavailable(
+                f"Exceeds maximum queue size: model '{self.model}' version {self.version} "
+                f"already has {qp.max_queue_size} request(s) queued at priority level "
+                f"{level + 1} (max_queue_size {qp.max_queue_size})")
+        now = time.monotonic_ns()
+        timeout_ns = qp.timeout_ns
+        if timeout_us > 0 and qp.allow_override and (not timeout_ns or timeout_us * 1000 < timeout_ns):
+            timeout_ns = timeout_us * 1000
+        fut: asyncio.Future[InferResponse] = self._loop.create_future()
+        job = Job(request, fut, batch_size, shape_key, now, now + timeout_ns if timeout_ns else 0, level)
+        self._queues[level].append(job)
+        self._queued += 1
+        self.stats.pending += 1
+        self._dispatch()
+        return fut
+
+    # ---------------------------------------------------------------- dispatch
+    def _dispatch(self) -> None:
+        if self._has_timeouts and self._queued:
+            self._expire(time.monotonic_ns())
+        while self._idle and self._queued:
+            now = time.monotonic_ns()
+            n, wait_until = take_batch(self._queues, self.policy, now)
+            if n == 0:
+                if wait_until:
+                    self._arm(wait_until)
+                break
+            jobs = self._pop(n)
+            self._start(jobs)
+        if self._idle and not self._queued and self._delayed:
+            self._start([self._delayed.popleft()])
+        if self._has_timeouts and self._queued:
+            nearest = min((q[0].deadline_ns for q in self._queues if q and q[0].deadline_ns), default=0)
+            if nearest:
+                self._arm(nearest)
+
+    def _pop(self, n: int) -> list[Job]:
+        jobs: list[Job] = []
+        for q in self._queues:
+            while q and len(jobs) < n:
+                jobs.append(q.popleft())
+            if len(jobs) == n:
+                break
+        self._queued -= n
+        return jobs
+
+    def _start(self, jobs: list[Job]) -> None:
+        inst = self._idle.pop()
+        self._running += 1
+        task = self._loop.create_task(self._run(inst, jobs))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _arm(self, at_ns: int) -> None:
+        if self._timer is not None:
+            if self._timer_at <= at_ns:
+                return
+            self._timer.cancel()
+        self._timer_at = at_ns
+        delay = max(0.0, (at_ns - time.monotonic_ns()) / 1e9)
+        self._timer = self._loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = 0
+        self._dispatch()
+
+    def _expire(self, now: int) -> None:
+        for level, q in enumerate(self._queues):
+            if not q:
+                continue
+            qp = self._queue_policies[level]
+            keep: deque[Job] = deque()
+            changed = False
+            for job in q:
+                if job.deadline_ns and now >= job.deadline_ns:
+                    changed = True
+                    self._queued -= 1
+                    if qp.delay:
+                        job.deadline_ns = 0
+                        self._delayed.append(job)
+                        continue
+                    self.stats.pending -= 1
+                    if not job.future.done():
+                        job.future.set_exception(Unavailable(
+                            f"Request timeout expired: model '{self.model}' version {self.version} "
+                            "did not start the request within its queue timeout"))
+                    self._maybe_idle()
+                else:
+                    keep.append(job)
+            if changed:
+                self._queues[level] = keep
+
+    # --------------------------------------------------------------------- run
+    async def _run(self, inst: ModelInstance, jobs: list[Job]) -> None:
+        start = time.monotonic_ns()
+        stats = self.stats
+        for job in jobs:
+            stats.record_queue(start - job.enqueue_ns)
+        results: list[Any]
+        try:
+            result = await inst.execute([job.request for job in jobs])
+            results = result.results
+            if len(results) != len(jobs):
+                raise Internal(f"model '{self.model}' returned {len(results)} responses for "
+                               f"{len(jobs)} requests")
+            stats.record_execution(sum(j.batch_size for j in jobs), len(jobs),
+                                   result.compute_input_ns, result.compute_infer_ns,
+                                   result.compute_output_ns)
+        except ServerError as exc:
+            results = [exc] * len(jobs)
+        except Exception as exc:  # a backend bug: fail this batch only
+            log.exception("model '%s' version %s: execute failed", self.model, self.version)
+            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(jobs)
+        finally:
+            self._idle.append(inst)
+            self._running -= 1
+        for job, res in zip(jobs, results, strict=True):
+            fut = job.future
+            if not fut.done():
+                if isinstance(res, BaseException):
+                    fut.set_exception(res)
+                else:
+                    fut.set_result(res)
+        stats.pending -= len(jobs)
+        self._dispatch()
+        self._maybe_idle()
+
+    # ------------------------------------------------------------------- drain
+    @property
+    def in_flight(self) -> int:
+        return self._queued + self._running + len(self._delayed)
+
+    def _maybe_idle(self) -> None:
+        if self._idle_event is not None and self.in_flight == 0:
+            self._idle_event.set()
+
+    async def drain(self) -> None:
+        """Wait until every queued and running request has finished."""
+        if self.in_flight == 0:
+            return
+        self._idle_event = asyncio.Event()
+        await self._idle_event.wait()
+
+    def fail_queued(self, error: ServerError) -> None:
+        """Fail everything still queued (used when shutdown gives up waiting)."""
+        for q in (*self._queues, self._delayed):
+            while q:
+                job = q.popleft()
+                if q is not self._delayed:
+                    self._queued -= 1
+                self.stats.pending -= 1
+                if not job.future.done():
+                    job.future.set_exception(error)
+        self._maybe_idle()
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for inst in self._instances:
+            try:
+                await inst.stop()
+            except Exception:  # stop must not raise; log and go on
+                log.exception("stopping instance %s", getattr(inst, "name", "?"))

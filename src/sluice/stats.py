@@ -1,0 +1,145 @@
+"""Per model-version statistics: the one place request outcomes and timings are counted.
+
+The statistics extension (``/v2/models/.../stats``) and the Prometheus metrics are both
+read from these objects at request/scrape time, so the hot path only adds integers.
+
+Latency histograms (beyond Triton) use fixed bucket bounds in microseconds; an
+observation is one ``bisect`` and one list increment.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Duration", "Histogram", "ModelStats", "BUCKETS_US"]
+
+# Upper bounds (us) for latency histograms: 50us .. 60s, roughly x2 steps.
+BUCKETS_US: tuple[float, ...] = (
+    50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 60_000_000,
+)
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, n: int = 1) -> None:
+        self.count += n
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative-at-export histogram over BUCKETS_US; observations in ns."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_US) + 1))
+    sum_us: float = 0.0
+    total: int = 0
+
+    def observe_ns(self, ns: int) -> None:
+        us = ns / 1000.0
+        self.counts[bisect_left(BUCKETS_US, us)] += 1
+        self.sum_us += us
+        self.total += 1
+
+
+@dataclass(slots=True)
+class BatchStat:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ModelStats:
+    name: str
+    version: str
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    pending: int = 0
+    fail_reasons: dict[str, int] = field(default_factory=dict)
+    batch_stats: dict[int, BatchStat] = field(default_factory=dict)
+    request_hist: Histogram = field(default_factory=Histogram)
+    queue_hist: Histogram = field(default_factory=Histogram)
+    compute_hist: Histogram = field(default_factory=Histogram)
+    load_duration_secs: float = 0.0
+
+    def record_execution(self, batch_size: int, n_requests: int, cin: int, cinf: int,
+                         cout: int) -> None:
+        """One backend execution of ``n_requests`` requests totalling ``batch_size`` items."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        bs = self.batch_stats.get(batch_size)
+        if bs is None:
+            bs = self.batch_stats[batch_size] = BatchStat()
+        bs.compute_input.add(cin)
+        bs.compute_infer.add(cinf)
+        bs.compute_output.add(cout)
+        # Triton charges every request of a batch the batch's compute durations.
+        self.compute_input.add(cin * n_requests, n_requests)
+        self.compute_infer.add(cinf * n_requests, n_requests)
+        self.compute_output.add(cout * n_requests, n_requests)
+        compute = cin + cinf + cout
+        hist = self.compute_hist
+        for _ in range(n_requests):
+            hist.observe_ns(compute)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_queue(self, ns: int) -> None:
+        self.queue.add(ns)
+        self.queue_hist.observe_ns(ns)
+
+    def record_success(self, ns: int) -> None:
+        self.success.add(ns)
+        self.request_hist.observe_ns(ns)
+
+    def record_failure(self, ns: int, reason: str) -> None:
+        self.fail.add(ns)
+        self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
+        self.request_hist.observe_ns(ns)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Triton's statistics-extension JSON for this version."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.as_dict(),
+                    "compute_infer": b.compute_infer.as_dict(),
+                    "compute_output": b.compute_output.as_dict(),
+                }
+                for size, b in sorted(self.batch_stats.items())
+            ],
+            "memory_usage": [],
+        }

@@ -1,0 +1,159 @@
+"""The typed protocol between the server process and a model worker process.
+
+Rules of this file:
+- Every message is a frozen dataclass; every message that expects an answer carries an ``id``
+  and its answer carries the same ``id`` (start-up uses id 0).
+- On the pipe a message travels as a plain tuple ``(tag, field, ...)`` pickled with protocol 5:
+  pickling a tuple of str/int costs ~1.5 us each way, a dataclass ~15 us (measured), and this
+  is the per-request hot path. ``encode``/``decode`` are the only (de)serialisers.
+- Tensor bytes never travel here: a ``TensorRef`` names a region of a shared-memory arena.
+- This module imports nothing heavy (no numpy): the worker imports it before it sets the
+  thread-count environment variables.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "TensorRef",
+    "RequestRef",
+    "ResultRef",
+    "WorkerSetup",
+    "Execute",
+    "Stop",
+    "Ready",
+    "InitFailed",
+    "ExecuteReply",
+    "Stopped",
+    "AutoCompleteReply",
+    "Message",
+    "encode",
+    "decode",
+    "OK",
+]
+
+# (name, KServe datatype, shape, offset in arena, nbytes). BYTES data is Triton's
+# serialisation: per element a 4-byte little-endian length then the bytes.
+TensorRef = tuple[str, str, tuple[int, ...], int, int]
+# (request id, inputs, requested output names, parameters as a JSON string)
+RequestRef = tuple[str, tuple[TensorRef, ...], tuple[str, ...], str]
+# (error code, payload): code OK -> payload is tuple[TensorRef, ...]; otherwise it is the
+# error message and the code is a pb_utils.TritonError code.
+ResultRef = tuple[int, Any]
+OK = -1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSetup:
+    """Everything a worker needs to load one model instance (sent once, as a process arg)."""
+
+    model_name: str
+    model_version: int
+    model_file: str  # absolute path of model.py
+    version_dir: str
+    model_dir: str  # Triton's args["model_repository"] is the model's directory
+    config_json: str  # Triton's JSON form of the model config
+    instance_name: str
+    instance_kind: str  # "CPU", "GPU", "MODEL"
+    device_id: int
+    shm_prefix: str  # every shared-memory segment of this instance starts with it
+    env: tuple[tuple[str, str], ...] = ()  # set in the worker before numpy is imported
+    mode: str = "serve"  # "serve" | "auto_complete"
+
+
+# parent -> worker
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    id: int
+    arena: str  # name of the input arena segment holding every TensorRef below
+    requests: tuple[RequestRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    id: int
+
+
+# worker -> parent
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    id: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class InitFailed:
+    id: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteReply:
+    id: int
+    arena: str  # name of the worker's output arena ("" when nothing was written)
+    results: tuple[ResultRef, ...]  # one per request, in order
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AutoCompleteReply:
+    id: int
+    config_json: str
+
+
+Message = Execute | Stop | Ready | InitFailed | ExecuteReply | Stopped | AutoCompleteReply
+
+_TAGS: dict[type, int] = {
+    Execute: 1,
+    Stop: 2,
+    Ready: 3,
+    InitFailed: 4,
+    ExecuteReply: 5,
+    Stopped: 6,
+    AutoCompleteReply: 7,
+}
+_CLASSES: dict[int, type] = {v: k for k, v in _TAGS.items()}
+_dumps = pickle.dumps
+_loads = pickle.loads
+
+
+def encode(msg: Message) -> bytes:
+    """A message as bytes for ``Connection.send_bytes``."""
+    if type(msg) is Execute:  # the hot path first, without the generic field walk
+        return _dumps((1, msg.id, msg.arena, msg.requests), 5)
+    if type(msg) is ExecuteReply:
+        return _dumps(
+            (
+                5,
+                msg.id,
+                msg.arena,
+                msg.results,
+                msg.compute_input_ns,
+                msg.compute_infer_ns,
+                msg.compute_output_ns,
+            ),
+            5,
+        )
+    fields = tuple(getattr(msg, name) for name in msg.__slots__)  # type: ignore[union-attr]
+    return _dumps((_TAGS[type(msg)], *fields), 5)
+
+
+def decode(data: bytes) -> Message:
+    """The inverse of ``encode``."""
+    t = _loads(data)
+    cls = _CLASSES[t[0]]
+    return cls(*t[1:])  # type: ignore[no-any-return]

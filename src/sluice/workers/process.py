@@ -1,0 +1,329 @@
+"""The worker process: loads one Triton python model instance and serves execute calls.
+
+Rules of this file:
+- A plain blocking loop: receive a message, answer it. No asyncio, no threads, nothing about
+  HTTP or gRPC.
+- Top-level imports stay light (no numpy): the thread-count variables in ``WorkerSetup.env``
+  are set before numpy (and so OpenBLAS / OpenMP) is first imported.
+- A model's failure never kills the loop: an exception in ``execute`` becomes an error for
+  every request of that batch; a bad response becomes an error for its request.
+- The loop ends on ``Stop`` (after ``finalize``) or when the server's end of the pipe closes
+  (the server died): then the worker removes its shared-memory segments and exits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .messages import (
+    OK,
+    AutoCompleteReply,
+    Execute,
+    ExecuteReply,
+    InitFailed,
+    Ready,
+    ResultRef,
+    Stop,
+    Stopped,
+    TensorRef,
+    WorkerSetup,
+    decode,
+    encode,
+)
+
+__all__ = ["worker_main", "load_pb_utils", "format_failure"]
+
+_PB_UTILS_FILE = Path(__file__).resolve().parent.parent / "backends" / "triton_python_backend_utils.py"
+
+
+def load_pb_utils() -> ModuleType:
+    """Import our ``triton_python_backend_utils`` under that exact top-level name.
+
+    Loaded by path so the worker does not import ``sluice.backends`` (and the protobuf / grpc
+    modules the server side pulls in there).
+    """
+    existing = sys.modules.get("triton_python_backend_utils")
+    if existing is not None:
+        return existing
+    spec = importlib.util.spec_from_file_location("triton_python_backend_utils", _PB_UTILS_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["triton_python_backend_utils"] = module
+    sys.modules["sluice.backends.triton_python_backend_utils"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def format_failure(exc: BaseException, model_file: str) -> str:
+    """``<last traceback line> (<file>:<line> in <function>)`` naming the model's frame."""
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename == model_file:
+            where = f" ({frame.filename}:{frame.lineno} in {frame.name})"
+            break
+    if not where and isinstance(exc, SyntaxError) and exc.filename:
+        where = f" ({exc.filename}:{exc.lineno})"
+    return last + where
+
+
+def _import_model(setup: WorkerSetup) -> Any:
+    # Triton's stub imports model.py with its version directory importable, so helper
+    # modules next to model.py resolve.
+    if setup.version_dir not in sys.path:
+        sys.path.insert(0, setup.version_dir)
+    spec = importlib.util.spec_from_file_location("model", setup.model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {setup.model_file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    cls = getattr(module, "TritonPythonModel", None)
+    if cls is None:
+        raise AttributeError(f"{setup.model_file} does not define class TritonPythonModel")
+    return cls
+
+
+def worker_main(conn: Connection, setup: WorkerSetup) -> None:
+    """Entry point of the spawned process."""
+    for key, value in setup.env:
+        os.environ[key] = value
+    # The server handles Ctrl-C and stops workers in order; a stray SIGINT from the
+    # terminal's process group must not kill models mid-batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pb_utils = load_pb_utils()
+    if setup.mode == "auto_complete":
+        _auto_complete(conn, setup, pb_utils)
+        return
+    _Worker(conn, setup, pb_utils).run()
+
+
+def _auto_complete(conn: Connection, setup: WorkerSetup, pb_utils: ModuleType) -> None:
+    import json
+
+    try:
+        cls = _import_model(setup)
+        cfg = pb_utils.ModelConfig(setup.config_json)
+        fn = getattr(cls, "auto_complete_config", None)
+        if fn is not None:
+            result = fn(cfg)
+            if result is not None:
+                cfg = result
+        conn.send_bytes(encode(AutoCompleteReply(0, json.dumps(cfg.as_dict()))))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
+        traceback.print_exc()
+        conn.send_bytes(encode(InitFailed(0, format_failure(exc, setup.model_file))))
+    finally:
+        conn.close()
+
+
+class _Worker:
+    def __init__(self, conn: Connection, setup: WorkerSetup, pb_utils: ModuleType) -> None:
+        from .shm import ArenaReader, ArenaWriter, datatype_of
+
+        self.conn = conn
+        self.setup = setup
+        self.pb = pb_utils
+        self.reader = ArenaReader()
+        # The pid keeps a restarted worker's names apart from a dead predecessor's.
+        self.writer = ArenaWriter(setup.shm_prefix, f"o{os.getpid()}_")
+        self.datatype_of = datatype_of
+        self.model: Any = None
+        self.orphaned = False
+        import numpy as np
+
+        self._code_of = {
+            name: pb_utils.numpy_to_triton_type(np.dtype(dt) if name != "BYTES" else np.object_)
+            for name, dt in (
+                ("BOOL", np.bool_),
+                ("UINT8", np.uint8),
+                ("UINT16", np.uint16),
+                ("UINT32", np.uint32),
+                ("UINT64", np.uint64),
+                ("INT8", np.int8),
+                ("INT16", np.int16),
+                ("INT32", np.int32),
+                ("INT64", np.int64),
+                ("FP16", np.float16),
+                ("FP32", np.float32),
+                ("FP64", np.float64),
+                ("BYTES", np.object_),
+            )
+        }
+
+    def run(self) -> None:
+        setup = self.setup
+        try:
+            cls = _import_model(setup)
+            self.model = cls()
+            init = getattr(self.model, "initialize", None)
+            if init is not None:
+                init(
+                    {
+                        "model_config": setup.config_json,
+                        "model_instance_kind": setup.instance_kind,
+                        "model_instance_name": setup.instance_name,
+                        "model_instance_device_id": str(setup.device_id),
+                        "model_repository": setup.model_dir,
+                        "model_version": str(setup.model_version),
+                        "model_name": setup.model_name,
+                    }
+                )
+        except BaseException as exc:  # noqa: BLE001 - reported to the server, then exit
+            traceback.print_exc()
+            self.conn.send_bytes(encode(InitFailed(0, format_failure(exc, setup.model_file))))
+            self._cleanup()
+            return
+        self.conn.send_bytes(encode(Ready(0, os.getpid())))
+        try:
+            self._loop()
+        finally:
+            self._cleanup()
+
+    def _loop(self) -> None:
+        recv, send = self.conn.recv_bytes, self.conn.send_bytes
+        while True:
+            try:
+                data = recv()
+            except (EOFError, OSError):
+                # The server is gone: nobody will send Stop. Finalize and leave.
+                self.orphaned = True
+                self._finalize()
+                return
+            msg = decode(data)
+            if type(msg) is Execute:
+                send(encode(self._execute(msg)))
+            elif type(msg) is Stop:
+                self._finalize()
+                send(encode(Stopped(msg.id)))
+                return
+
+    def _finalize(self) -> None:
+        fin = getattr(self.model, "finalize", None)
+        if fin is not None:
+            try:
+                fin()
+            except Exception:
+                traceback.print_exc()
+
+    def _cleanup(self) -> None:
+        from .shm import unlink_prefix
+
+        self.writer.close()
+        self.reader.close()
+        if self.orphaned:
+            unlink_prefix(self.setup.shm_prefix)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+    def _execute(self, msg: Execute) -> ExecuteReply:
+        pb = self.pb
+        make_tensor = pb.Tensor._make
+        make_request = pb.InferenceRequest._make
+        code_of = self._code_of
+        view = self.reader.view
+        model_name = self.setup.model_name
+        model_version = self.setup.model_version
+        clock = time.perf_counter_ns
+
+        t0 = clock()
+        self.reader.attach(msg.arena)
+        requests = []
+        for rid, inputs, outputs, params in msg.requests:
+            tensors = [make_tensor(ref[0], view(ref), code_of[ref[1]]) for ref in inputs]
+            requests.append(
+                make_request(rid, tensors, list(outputs), params, model_name, model_version)
+            )
+        t1 = clock()
+        n = len(requests)
+        failed: str | None = None
+        responses: Any = None
+        try:
+            responses = self.model.execute(requests)
+        except Exception as exc:
+            traceback.print_exc()
+            failed = str(exc) or type(exc).__name__
+        t2 = clock()
+
+        results: list[ResultRef] = []
+        if failed is None:
+            if not isinstance(responses, list | tuple):
+                failed = (
+                    "python model execute() must return a list of InferenceResponse,"
+                    f" got {type(responses).__name__}"
+                )
+            elif len(responses) != n:
+                failed = (
+                    "Number of InferenceResponse objects do not match the number of"
+                    f" InferenceRequest objects. InferenceRequest(s) size is:{n}, and"
+                    f" InferenceResponse(s) size is:{len(responses)}"
+                )
+        if failed is not None:
+            err = (pb.TritonError.INTERNAL, failed)
+            return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, 0)
+
+        to_write: list[tuple[str, Any, str]] = []
+        counts: list[int] = []
+        for req, resp in zip(requests, responses, strict=True):
+            if not isinstance(resp, pb.InferenceResponse):
+                results.append(
+                    (
+                        pb.TritonError.INTERNAL,
+                        f"expected an InferenceResponse, got {type(resp).__name__}",
+                    )
+                )
+                counts.append(-1)
+                continue
+            error = resp._error
+            if error is not None:
+                code = error.code() if hasattr(error, "code") else pb.TritonError.INTERNAL
+                text = error.message() if hasattr(error, "message") else str(error)
+                results.append((int(code), str(text)))
+                counts.append(-1)
+                continue
+            wanted = req._requested_output_names
+            k = 0
+            try:
+                for t in resp._output_tensors:
+                    name = t._name
+                    if wanted and name not in wanted:
+                        continue
+                    arr = t._array
+                    to_write.append((name, arr, self.datatype_of(arr)))
+                    k += 1
+            except (AttributeError, TypeError) as exc:
+                del to_write[len(to_write) - k :]
+                results.append((pb.TritonError.INTERNAL, f"bad output tensor: {exc}"))
+                counts.append(-1)
+                continue
+            results.append((OK, None))
+            counts.append(k)
+
+        refs: tuple[TensorRef, ...] = ()
+        if to_write:
+            try:
+                refs = self.writer.write(to_write)
+            except Exception as exc:
+                traceback.print_exc()
+                err = (pb.TritonError.INTERNAL, f"cannot return outputs: {exc}")
+                return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, clock() - t2)
+        pos = 0
+        for i, k in enumerate(counts):
+            if k >= 0:
+                results[i] = (OK, refs[pos : pos + k])
+                pos += k
+        t3 = clock()
+        return ExecuteReply(
+            msg.id, self.writer.name if to_write else "", tuple(results), t1 - t0, t2 - t1, t3 - t2
+        )

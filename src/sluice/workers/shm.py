@@ -1,0 +1,254 @@
+"""Shared-memory tensor channel between the server and a worker process.
+
+Per worker there are two arenas: the input arena (written by the server, read by the worker)
+and the output arena (written by the worker, read by the server). A batch's tensors are laid
+out one after another, each 64-byte aligned; messages carry ``TensorRef`` tuples that name the
+region, never the bytes.
+
+Rules of this file:
+- The writer of an arena owns it: it creates it, grows it and unlinks it. Growing means
+  creating a larger segment under a new name (``<prefix><tag><generation>``) and unlinking the
+  old name at once; the next message carries the new name and the reader re-attaches.
+- Every segment name starts with the instance's prefix, so whoever survives a crash can
+  remove all of them with ``unlink_prefix`` (the server when a worker dies, the worker when
+  the server dies).
+- We clean up ourselves, so segments are unregistered from multiprocessing's resource
+  tracker right after they are opened (3.11 registers even on attach, and unlink would then
+  unregister twice and print tracker tracebacks).
+- Fixed-size dtypes are read as numpy views (no copy); the reader copies when it must keep
+  data past the next message. BYTES use Triton's serialisation (4-byte LE length + bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import struct
+from collections.abc import Sequence
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import numpy as np
+
+from ..protocol.datatypes import KSERVE_TO_NUMPY
+from .messages import TensorRef
+
+__all__ = [
+    "ArenaWriter",
+    "ArenaReader",
+    "unlink_segment",
+    "unlink_prefix",
+    "datatype_of",
+    "ALIGN",
+]
+
+ALIGN = 64
+_MIN_SIZE = 1 << 20
+_posixshmem: Any = getattr(shared_memory, "_posixshmem", None)
+_len_struct = struct.Struct("<I")
+
+
+def _open(name: str, create: bool, size: int = 0) -> shared_memory.SharedMemory:
+    seg = shared_memory.SharedMemory(name=name, create=create, size=size)
+    # See "rules of this file": we own cleanup; keep the tracker out of it.
+    with contextlib.suppress(Exception):
+        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
+    return seg
+
+
+def unlink_segment(name: str) -> None:
+    """Remove a segment name (mappings stay valid); a missing name is not an error."""
+    try:
+        if _posixshmem is not None:
+            _posixshmem.shm_unlink("/" + name.lstrip("/"))
+        else:  # pragma: no cover - non-POSIX
+            seg = shared_memory.SharedMemory(name=name)
+            seg.close()
+    except FileNotFoundError:
+        pass
+
+
+def unlink_prefix(prefix: str) -> None:
+    """Remove every segment whose name starts with ``prefix`` (Linux: under /dev/shm)."""
+    if not prefix or not os.path.isdir("/dev/shm"):
+        return
+    for path in glob.glob(os.path.join("/dev/shm", glob.escape(prefix) + "*")):
+        unlink_segment(os.path.basename(path))
+
+
+def _close(seg: shared_memory.SharedMemory, retired: list[shared_memory.SharedMemory]) -> None:
+    try:
+        seg.close()
+    except BufferError:  # numpy views still alive; try again later
+        retired.append(seg)
+
+
+def _close_retired(retired: list[shared_memory.SharedMemory]) -> None:
+    still = []
+    for seg in retired:
+        try:
+            seg.close()
+        except BufferError:
+            still.append(seg)
+    retired[:] = still
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The KServe datatype of an output array (object / bytes arrays are BYTES)."""
+    dt = array.dtype
+    kind = dt.kind
+    if kind in ("O", "S", "U"):
+        return "BYTES"
+    if kind == "b":
+        return "BOOL"
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        raise TypeError(f"unsupported tensor dtype {dt}")
+    return name
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in KSERVE_TO_NUMPY.items() if v.kind != "O"}
+
+
+def _serialize_bytes(array: np.ndarray) -> bytes:
+    pack = _len_struct.pack
+    parts: list[bytes] = []
+    for obj in array.reshape(-1):
+        if isinstance(obj, bytes):
+            s = obj
+        elif isinstance(obj, bytearray | memoryview | np.bytes_):
+            s = bytes(obj)
+        else:
+            s = str(obj).encode("utf-8")
+        parts.append(pack(len(s)))
+        parts.append(s)
+    return b"".join(parts)
+
+
+def _deserialize_bytes(buf: memoryview, shape: tuple[int, ...]) -> np.ndarray:
+    items: list[bytes] = []
+    offset = 0
+    end = len(buf)
+    unpack = _len_struct.unpack_from
+    while offset < end:
+        (n,) = unpack(buf, offset)
+        offset += 4
+        items.append(bytes(buf[offset : offset + n]))
+        offset += n
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = items
+    return out.reshape(shape)
+
+
+class ArenaWriter:
+    """The writing (owning) side of one arena.
+
+    >>> w = ArenaWriter("sl_1_ab", "i")
+    >>> refs = w.write([("INPUT0", np.ones((1, 4), np.float32), "FP32")])
+    >>> w.name  # travels in the message with refs
+    """
+
+    def __init__(self, prefix: str, tag: str, initial_size: int = _MIN_SIZE) -> None:
+        self._prefix = prefix + tag
+        self._generation = 0
+        self._initial = max(int(initial_size), ALIGN)
+        self._seg: shared_memory.SharedMemory | None = None
+        self._buf: memoryview | None = None
+        self._retired: list[shared_memory.SharedMemory] = []
+        self.name = ""
+        self.size = 0
+
+    def _grow(self, needed: int) -> None:
+        size = max(self._initial, needed + needed // 2, 2 * self.size)
+        size = (size + 65535) & ~65535
+        self._generation += 1
+        name = f"{self._prefix}{self._generation}"
+        unlink_segment(name)  # a leftover of a crashed predecessor with the same name
+        seg = _open(name, create=True, size=size)
+        old, old_name = self._seg, self.name
+        self._seg, self._buf, self.name, self.size = seg, seg.buf, name, seg.size
+        if old is not None:
+            unlink_segment(old_name)
+            _close(old, self._retired)
+        _close_retired(self._retired)
+
+    def write(self, tensors: Sequence[tuple[str, np.ndarray, str]]) -> tuple[TensorRef, ...]:
+        """Lay out ``(name, array, datatype)`` tensors; grow first when they do not fit."""
+        plan: list[tuple[str, np.ndarray | bytes, str, int, int]] = []
+        offset = 0
+        for name, array, datatype in tensors:
+            if datatype == "BYTES":
+                data: np.ndarray | bytes = _serialize_bytes(array)
+                nbytes = len(data)
+            else:
+                data = array
+                nbytes = array.nbytes
+            plan.append((name, data, datatype, offset, nbytes))
+            offset += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        if offset > self.size or self._buf is None:
+            self._grow(offset)
+        buf = self._buf
+        assert buf is not None
+        refs: list[TensorRef] = []
+        for (name, data, datatype, off, nbytes), (_, array, _) in zip(plan, tensors, strict=True):
+            if isinstance(data, bytes):
+                buf[off : off + nbytes] = data
+            elif nbytes:
+                dst = np.ndarray(array.shape, array.dtype, buffer=buf, offset=off)
+                np.copyto(dst, array, casting="no")
+            refs.append((name, datatype, tuple(array.shape), off, nbytes))
+        return tuple(refs)
+
+    def close(self, unlink: bool = True) -> None:
+        """Release the mapping and (by default) remove the name. Idempotent."""
+        if self._seg is not None:
+            if unlink:
+                unlink_segment(self.name)
+            _close(self._seg, self._retired)
+            self._seg = None
+            self._buf = None
+        _close_retired(self._retired)
+
+
+class ArenaReader:
+    """The reading side: attaches to whatever segment name the latest message carries."""
+
+    def __init__(self) -> None:
+        self._seg: shared_memory.SharedMemory | None = None
+        self._buf: memoryview | None = None
+        self._retired: list[shared_memory.SharedMemory] = []
+        self.name = ""
+
+    def attach(self, name: str) -> None:
+        if name == self.name:
+            return
+        seg = _open(name, create=False)
+        old = self._seg
+        self._seg, self._buf, self.name = seg, seg.buf, name
+        if old is not None:
+            _close(old, self._retired)
+        _close_retired(self._retired)
+
+    def view(self, ref: TensorRef) -> np.ndarray:
+        """The tensor as a numpy view into the arena (BYTES: a new object array)."""
+        _, datatype, shape, offset, nbytes = ref
+        buf = self._buf
+        assert buf is not None
+        if datatype == "BYTES":
+            return _deserialize_bytes(buf[offset : offset + nbytes], shape)
+        return np.ndarray(shape, KSERVE_TO_NUMPY[datatype], buffer=buf, offset=offset)
+
+    def copy(self, ref: TensorRef) -> np.ndarray:
+        """The tensor as an array that owns its data (safe past the next message)."""
+        if ref[1] == "BYTES":
+            return self.view(ref)
+        return self.view(ref).copy()
+
+    def close(self) -> None:
+        if self._seg is not None:
+            _close(self._seg, self._retired)
+            self._seg = None
+            self._buf = None
+            self.name = ""
+        _close_retired(self._retired)

@@ -1,0 +1,413 @@
+"""Front-ends against a toy InferenceService, driven by tritonclient over real sockets.
+
+Both servers run on one uvloop event loop in a background thread (tritonclient's clients
+block), bound to 127.0.0.1 port 0, and are stopped at module teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import uvloop
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import InferenceServerException
+
+from sluice.errors import InvalidArgument, NotFound, Unavailable
+from sluice.frontends.grpc_api import start_grpc_server
+from sluice.frontends.http_api import HttpFrontend, start_http_server
+from sluice.service import InferenceService
+from sluice.types import InferRequest, InferResponse
+
+
+class ToyService(InferenceService):
+    """add_sub on FP32 [-1, 4]; "fail" raises InvalidArgument; "boom" raises a bug."""
+
+    def __init__(self) -> None:
+        self.models = {"add_sub": "READY", "fail": "READY", "boom": "READY", "a/b": "READY"}
+        self.loads: list[tuple[str, Any]] = []
+        self.unloads: list[tuple[str, Any]] = []
+        self.is_ready = True
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "sluice", "version": "0.1.0", "extensions": ["model_repository"]}
+
+    def _known(self, name: str) -> None:
+        if name not in self.models:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.models.get(name) == "READY"
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        self._known(name)
+        t = {"datatype": "FP32", "shape": [-1, 4]}
+        return {
+            "name": name,
+            "versions": ["1"],
+            "platform": "python",
+            "inputs": [{"name": "INPUT0", **t}, {"name": "INPUT1", **t}],
+            "outputs": [{"name": "OUTPUT0", **t}, {"name": "OUTPUT1", **t}],
+        }
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        self._known(name)
+        cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=8)
+        for n in ("INPUT0", "INPUT1"):
+            cfg.input.add(name=n, data_type=mc.TYPE_FP32, dims=[4])
+        for n in ("OUTPUT0", "OUTPUT1"):
+            cfg.output.add(name=n, data_type=mc.TYPE_FP32, dims=[4])
+        return cfg
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self._known(request.model_name)
+        if request.model_name == "fail":
+            raise InvalidArgument("input 'INPUT0': the toy says no")
+        if request.model_name == "boom":
+            raise RuntimeError("a bug")
+        a, b = request.inputs["INPUT0"], request.inputs["INPUT1"]
+        outs = {"OUTPUT0": a + b, "OUTPUT1": a - b}
+        if request.outputs is not None:
+            outs = {o.name: outs[o.name] for o in request.outputs}
+        return InferResponse(
+            model_name=request.model_name,
+            model_version="1",
+            id=request.id,
+            outputs=outs,
+            output_datatypes=dict.fromkeys(outs, "FP32"),
+        )
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        rows = [
+            {"name": n, "version": "1", "state": s, "reason": ""} for n, s in self.models.items()
+        ]
+        rows.append({"name": "unloaded", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"})
+        return [r for r in rows if r["state"] == "READY"] if ready_only else rows
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        if name == "nope":
+            raise Unavailable("failed to load 'nope': no such model in the repository")
+        self.loads.append((name, parameters))
+        self.models[name] = "READY"
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._known(name)
+        self.unloads.append((name, parameters))
+        self.models[name] = "UNAVAILABLE"
+
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        names = [name] if name else sorted(self.models)
+        if name:
+            self._known(name)
+        d = {"count": 3, "ns": 3000}
+        return {
+            "model_stats": [
+                {
+                    "name": n,
+                    "version": "1",
+                    "last_inference": 1700000000000,
+                    "inference_count": 3,
+                    "execution_count": 2,
+                    "inference_stats": {
+                        k: d
+                        for k in (
+                            "success",
+                            "fail",
+                            "queue",
+                            "compute_input",
+                            "compute_infer",
+                            "compute_output",
+                            "cache_hit",
+                            "cache_miss",
+                        )
+                    },
+                    "batch_stats": [
+                        {"batch_size": 1, "compute_input": d, "compute_infer": d, "compute_output": d}
+                    ],
+                }
+                for n in names
+            ]
+        }
+
+
+class Servers:
+    def __init__(self) -> None:
+        self.service = ToyService()
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.http_port, self.grpc_port = self._run(self._start())
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    async def _start(self) -> tuple[int, int]:
+        self.http, self.http_task, hport = await start_http_server(
+            HttpFrontend(self.service), "127.0.0.1", 0
+        )
+        self.grpc, gport = await start_grpc_server(self.service, "127.0.0.1", 0)
+        return hport, gport
+
+    async def _stop(self) -> None:
+        self.http.should_exit = True
+        await self.http_task
+        await self.grpc.stop(0)
+
+    def close(self) -> None:
+        self._run(self._stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    s = Servers()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture()
+def http(servers: Servers) -> Iterator[httpclient.InferenceServerClient]:
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{servers.http_port}")
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def grpc_(servers: Servers) -> Iterator[grpcclient.InferenceServerClient]:
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{servers.grpc_port}")
+    yield c
+    c.close()
+
+
+def _raw(servers: Servers, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{servers.http_port}{path}", data=body, method=method
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            data = r.read()
+            return r.status, json.loads(data) if data else None
+    except urllib.error.HTTPError as e:
+        assert e.headers["Content-Type"] == "application/json"
+        return e.code, json.loads(e.read())
+
+
+A = np.arange(8, dtype=np.float32).reshape(2, 4)
+B = np.ones((2, 4), dtype=np.float32)
+
+
+def _http_inputs(binary: bool) -> list[httpclient.InferInput]:
+    ins = []
+    for n, arr in (("INPUT0", A), ("INPUT1", B)):
+        i = httpclient.InferInput(n, list(arr.shape), "FP32")
+        i.set_data_from_numpy(arr, binary_data=binary)
+        ins.append(i)
+    return ins
+
+
+def _grpc_inputs() -> list[grpcclient.InferInput]:
+    ins = []
+    for n, arr in (("INPUT0", A), ("INPUT1", B)):
+        i = grpcclient.InferInput(n, list(arr.shape), "FP32")
+        i.set_data_from_numpy(arr)
+        ins.append(i)
+    return ins
+
+
+# --------------------------------------------------------------------------- health, metadata
+def test_health(http: Any, grpc_: Any, servers: Servers) -> None:
+    assert http.is_server_live() and http.is_server_ready()
+    assert grpc_.is_server_live() and grpc_.is_server_ready()
+    servers.service.is_ready = False
+    try:
+        assert not http.is_server_ready()
+        assert not grpc_.is_server_ready()
+        assert _raw(servers, "GET", "/v2/health/ready")[0] == 400
+    finally:
+        servers.service.is_ready = True
+    assert http.is_model_ready("add_sub") and grpc_.is_model_ready("add_sub")
+    assert not http.is_model_ready("missing") and not grpc_.is_model_ready("missing")
+    assert http.is_model_ready("add_sub", "1")
+
+
+def test_metadata(http: Any, grpc_: Any) -> None:
+    assert http.get_server_metadata()["name"] == "sluice"
+    assert grpc_.get_server_metadata().extensions == ["model_repository"]
+    meta = http.get_model_metadata("add_sub", "1")
+    assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}
+    gmeta = grpc_.get_model_metadata("add_sub")
+    assert list(gmeta.inputs[0].shape) == [-1, 4] and gmeta.versions == ["1"]
+    # percent-encoded model name with a slash stays one segment
+    assert http.get_model_metadata("a/b")["name"] == "a/b"
+
+
+def test_config(http: Any, grpc_: Any) -> None:
+    cfg = http.get_model_config("add_sub")
+    assert cfg["name"] == "add_sub" and cfg["max_batch_size"] == 8
+    assert cfg["input"][0]["dims"] == [4]  # int64 printed as numbers, as Triton does
+    assert cfg["input"][0]["data_type"] == "TYPE_FP32"
+    gcfg = grpc_.get_model_config("add_sub").config
+    assert gcfg.max_batch_size == 8 and list(gcfg.output[1].dims) == [4]
+
+
+# --------------------------------------------------------------------------- inference
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_infer(http: Any, binary: bool) -> None:
+    outs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
+    r = http.infer("add_sub", _http_inputs(binary), outputs=outs, request_id="7")
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
+    assert r.get_response()["id"] == "7"
+    # default: all outputs, binary_data_output=True
+    r = http.infer("add_sub", _http_inputs(binary))
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
+
+
+def test_http_infer_subset_and_compression(http: Any) -> None:
+    r = http.infer(
+        "add_sub",
+        _http_inputs(True),
+        outputs=[httpclient.InferRequestedOutput("OUTPUT1")],
+        request_compression_algorithm="gzip",
+        response_compression_algorithm="deflate",
+    )
+    assert [o["name"] for o in r.get_response()["outputs"]] == ["OUTPUT1"]
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
+
+
+def test_grpc_infer(grpc_: Any) -> None:
+    r = grpc_.infer("add_sub", _grpc_inputs(), request_id="9")
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
+    assert r.get_response().id == "9"
+    r = grpc_.infer(
+        "add_sub", _grpc_inputs(), outputs=[grpcclient.InferRequestedOutput("OUTPUT1")]
+    )
+    assert r.as_numpy("OUTPUT0") is None
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
+
+
+def test_grpc_stream(grpc_: Any) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    grpc_.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        grpc_.async_stream_infer("add_sub", _grpc_inputs(), request_id="1")
+        grpc_.async_stream_infer("fail", _grpc_inputs(), request_id="2")
+        grpc_.async_stream_infer("add_sub", _grpc_inputs(), request_id="3")
+        got = [results.get(timeout=10) for _ in range(3)]
+    finally:
+        grpc_.stop_stream()
+    ok = {r.get_response().id: r for r, e in got if e is None}
+    errors = [e for r, e in got if e is not None]
+    assert sorted(ok) == ["1", "3"]
+    np.testing.assert_array_equal(ok["3"].as_numpy("OUTPUT0"), A + B)
+    assert len(errors) == 1 and "the toy says no" in errors[0].message()
+
+
+# --------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    "model, http_code, grpc_code, text",
+    [
+        ("fail", "400", "StatusCode.INVALID_ARGUMENT", "input 'INPUT0': the toy says no"),
+        ("missing", "404", "StatusCode.NOT_FOUND", "'missing' is not found"),
+        ("boom", "500", "StatusCode.INTERNAL", "RuntimeError: a bug"),
+    ],
+)
+def test_service_errors(http: Any, grpc_: Any, model: str, http_code: str, grpc_code: str, text: str) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        http.infer(model, _http_inputs(True))
+    assert e.value.status() == http_code and text in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        grpc_.infer(model, _grpc_inputs())
+    assert e.value.status() == grpc_code and text in e.value.message()
+
+
+def test_http_malformed_bodies(servers: Servers) -> None:
+    code, body = _raw(servers, "POST", "/v2/models/add_sub/infer", b"{not json")
+    assert code == 400 and "JSON" in body["error"]
+    code, body = _raw(servers, "POST", "/v2/models/add_sub/infer", b"{}")
+    assert code == 400 and "'inputs'" in body["error"]
+    bad = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0]}]}
+    code, body = _raw(servers, "POST", "/v2/models/add_sub/infer", json.dumps(bad).encode())
+    assert code == 400 and "INPUT0" in body["error"]
+
+
+def test_http_routing(servers: Servers) -> None:
+    assert _raw(servers, "GET", "/v2/nowhere")[0] == 404
+    assert _raw(servers, "GET", "/v3")[0] == 404
+    code, body = _raw(servers, "GET", "/v2/models/add_sub/infer")
+    assert code == 405 and "error" in body
+    assert _raw(servers, "POST", "/v2/health/live", b"")[0] == 405
+    assert _raw(servers, "GET", "/v2/systemsharedmemory/status")[0] == 501
+    assert _raw(servers, "GET", "/v2/health/live")[0] == 200
+
+
+def test_grpc_unimplemented(grpc_: Any) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        grpc_.get_system_shared_memory_status()
+    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+
+
+# --------------------------------------------------------------------------- stats, repository
+def test_statistics(http: Any, grpc_: Any) -> None:
+    s = http.get_inference_statistics("add_sub")
+    assert s["model_stats"][0]["inference_stats"]["success"] == {"count": 3, "ns": 3000}
+    assert len(http.get_inference_statistics()["model_stats"]) >= 4
+    g = grpc_.get_inference_statistics("add_sub")
+    assert g.model_stats[0].inference_stats.success.ns == 3000
+    assert g.model_stats[0].batch_stats[0].batch_size == 1
+    with pytest.raises(InferenceServerException) as e:
+        grpc_.get_inference_statistics("missing")
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_repository(http: Any, grpc_: Any, servers: Servers) -> None:
+    index = http.get_model_repository_index()
+    assert {"name": "add_sub", "version": "1", "state": "READY", "reason": ""} in index
+    code, ready = _raw(servers, "GET", "/v2/repository/index")
+    assert code == 200 and ready == index
+    code, ready = _raw(servers, "POST", "/v2/repository/index", b'{"ready": true}')
+    assert code == 200 and all(m["state"] == "READY" for m in ready)
+    gindex = grpc_.get_model_repository_index()
+    assert "unloaded" in [m.name for m in gindex.models]
+
+    svc = servers.service
+    cfg = json.dumps({"name": "new", "backend": "python"})
+    http.load_model("new", config=cfg, files={"file:1/model.py": b"print(1)\n"})
+    assert svc.loads[-1] == ("new", {"config": cfg, "file:1/model.py": b"print(1)\n"})
+    grpc_.load_model("new2", config=cfg, files={"file:1/model.py": b"\x00\x01"})
+    assert svc.loads[-1] == ("new2", {"config": cfg, "file:1/model.py": b"\x00\x01"})
+    http.load_model("plain")
+    assert svc.loads[-1] == ("plain", None)
+
+    http.unload_model("new", unload_dependents=True)
+    assert svc.unloads[-1] == ("new", {"unload_dependents": True})
+    grpc_.unload_model("new2")
+    assert svc.unloads[-1][0] == "new2"
+
+    for client, code in ((http, "503"), (grpc_, "StatusCode.UNAVAILABLE")):
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("nope")
+        assert e.value.status() == code and "no such model" in e.value.message()
+    code, body = _raw(
+        servers, "POST", "/v2/repository/models/x/load", b'{"parameters": {"file:1/m": "!!"}}'
+    )
+    assert code == 400 and "base64" in body["error"]
