@@ -21,7 +21,7 @@ from typing import Any
 
 import uvicorn
 
-from . import backends as _backends  # noqa: F401  (registers the built-in backends)
+from .backends import python as _python_backend  # noqa: F401  (registers the backend)
 from .config import ServerConfig
 from .repository.manager import ModelManager
 from .service import InferenceService

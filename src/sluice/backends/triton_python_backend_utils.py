@@ -356,7 +356,9 @@ class InferenceRequest:
         return False
 
     def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models (response senders) are not supported by sluice")
+        raise TritonModelException(
+            "decoupled models (response senders) are not supported by sluice"
+        )
 
     def exec(self, *args: Any, **kwargs: Any) -> Any:
         raise TritonModelException("BLS (InferenceRequest.exec) is not supported by sluice")

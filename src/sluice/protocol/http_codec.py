@@ -27,7 +27,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -246,12 +246,14 @@ def decode_infer_request(
             raise _bad(f"'inputs[{idx}]' is missing the required string field 'name'")
         if name in inputs:
             raise _bad(f"input '{name}' appears more than once in 'inputs'")
-        datatype = tin.get("datatype")
-        dt = KSERVE_TO_NUMPY.get(datatype) if type(datatype) is str else None
+        datatype_doc = tin.get("datatype")
+        dt = KSERVE_TO_NUMPY.get(datatype_doc) if type(datatype_doc) is str else None
         if dt is None:
             raise _bad(
-                f"input '{name}': unknown 'datatype' {json.dumps(datatype)}; expected one of {_KNOWN}"
+                f"input '{name}': unknown 'datatype' {json.dumps(datatype_doc)}; "
+                f"expected one of {_KNOWN}"
             )
+        datatype = cast(str, datatype_doc)
         shape, count = _parse_shape(name, tin.get("shape"))
         tparams = tin.get("parameters")
         size = None

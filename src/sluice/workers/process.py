@@ -42,7 +42,9 @@ from .messages import (
 
 __all__ = ["worker_main", "load_pb_utils", "format_failure"]
 
-_PB_UTILS_FILE = Path(__file__).resolve().parent.parent / "backends" / "triton_python_backend_utils.py"
+_PB_UTILS_FILE = (
+    Path(__file__).resolve().parent.parent / "backends" / "triton_python_backend_utils.py"
+)
 
 
 def load_pb_utils() -> ModuleType:

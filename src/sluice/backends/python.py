@@ -1,0 +1,333 @@
+"""The Triton-compatible python backend: each model instance runs in its own worker process.
+
+Rules of this file:
+- One ``PythonInstance`` = one worker process (``workers.pool.WorkerClient``) + two
+  shared-memory arenas. Inputs are copied once into the input arena; the worker hands numpy
+  views of it to the model; outputs come back through the worker's output arena and are
+  copied once here (the arena is reused by the next batch while the response is still
+  being encoded).
+- Requests are not concatenated: like Triton, the model gets one ``InferenceRequest`` per
+  request of the batch.
+- A request's error (model raised, ``TritonError`` in its response, wrong response count)
+  becomes a ``ServerError`` in that request's slot; a worker death raises for the whole batch
+  and the worker is restarted.
+
+Usage (the core)::
+
+    backend = backend_for(config)                  # PythonBackend, registered as "python"
+    config = backend.auto_complete(spec)           # blocking: run it in a thread
+    instances = backend.create_instances(spec)     # nothing started yet
+    await asyncio.gather(*(i.start() for i in instances))
+    result = await instances[0].execute(requests)  # one batch at a time per instance
+    await instances[0].stop()
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import InvalidArgument, NotFound, ServerError, Status
+from ..types import InferRequest, InferResponse
+from ..workers.messages import OK, Execute, RequestRef, WorkerSetup
+from ..workers.pool import WorkerClient, run_auto_complete
+from ..workers.shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix
+from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
+
+__all__ = ["PythonBackend", "PythonInstance", "model_config_json", "instance_names"]
+
+# pb_utils.TritonError codes -> our statuses (Triton's UNKNOWN has no twin: INTERNAL).
+_STATUS_OF_CODE = {
+    0: Status.INTERNAL,
+    1: Status.INTERNAL,
+    2: Status.NOT_FOUND,
+    3: Status.INVALID_ARG,
+    4: Status.UNAVAILABLE,
+    5: Status.UNSUPPORTED,
+    6: Status.ALREADY_EXISTS,
+    7: Status.CANCELLED,
+}
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_INT64_TYPES = {
+    _descriptor.FieldDescriptor.TYPE_INT64,
+    _descriptor.FieldDescriptor.TYPE_UINT64,
+    _descriptor.FieldDescriptor.TYPE_SINT64,
+    _descriptor.FieldDescriptor.TYPE_FIXED64,
+    _descriptor.FieldDescriptor.TYPE_SFIXED64,
+}
+_instance_serial = itertools.count(1)
+
+
+def _fix_int64(desc: Any, d: dict[str, Any]) -> None:
+    # protobuf's JSON writes 64-bit integers as strings; Triton's model_config JSON has numbers.
+    for key, value in d.items():
+        field = desc.fields_by_name.get(key)
+        if field is None:
+            continue
+        sub = field.message_type
+        if sub is not None:
+            if sub.GetOptions().map_entry:
+                vfield = sub.fields_by_name["value"]
+                if vfield.message_type is not None:
+                    for v in value.values():
+                        _fix_int64(vfield.message_type, v)
+                elif vfield.type in _INT64_TYPES:
+                    d[key] = {k: int(v) for k, v in value.items()}
+            elif isinstance(value, list):
+                for item in value:
+                    _fix_int64(sub, item)
+            else:
+                _fix_int64(sub, value)
+        elif field.type in _INT64_TYPES:
+            d[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def model_config_json(config: mc.ModelConfig) -> str:
+    """Triton's JSON form of a model config (as given in ``args["model_config"]``).
+
+    Field names as in the proto, fields without presence printed even at their default
+    (``"max_batch_size": 0``, ``"input": []``), 64-bit integers as numbers.
+    """
+    d = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _fix_int64(config.DESCRIPTOR, d)
+    return json.dumps(d)
+
+
+def instance_names(config: mc.ModelConfig) -> list[tuple[str, str, int]]:
+    """``(instance name, kind, device id)`` per instance, named as Triton names them.
+
+    A group is called ``<group name>`` or ``<model>_<group index>``; its instances are
+    ``<group>_<i>`` when the group has more than one, else just ``<group>``.
+    """
+    groups = list(config.instance_group)
+    out: list[tuple[str, str, int]] = []
+    if not groups:
+        return [(f"{config.name}_0", "CPU", 0)]
+    for gi, group in enumerate(groups):
+        gname = group.name or f"{config.name}_{gi}"
+        kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
+        kind = kind_name.removeprefix("KIND_")
+        if kind == "AUTO":
+            kind = "CPU"
+        devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+        count = max(int(group.count), 1)
+        total = count * len(devices)
+        i = 0
+        for device in devices:
+            for _ in range(count):
+                name = f"{gname}_{i}" if total > 1 else gname
+                out.append((name, kind, int(device)))
+                i += 1
+    return out
+
+
+def _model_file(spec: ModelSpec) -> Path:
+    return spec.version_dir / (spec.config.default_model_filename or "model.py")
+
+
+def _worker_env(config: mc.ModelConfig) -> tuple[tuple[str, str], ...]:
+    """Thread counts for the worker: 1 unless the config's ``parameters`` say otherwise."""
+    env = []
+    for var in _THREAD_VARS:
+        param = config.parameters.get(var) if var in config.parameters else None
+        env.append((var, param.string_value if param is not None else "1"))
+    return tuple(env)
+
+
+def _setup(spec: ModelSpec, name: str, kind: str, device: int, mode: str) -> WorkerSetup:
+    return WorkerSetup(
+        model_name=spec.name,
+        model_version=int(spec.version),
+        model_file=str(_model_file(spec).resolve()),
+        version_dir=str(spec.version_dir.resolve()),
+        model_dir=str(spec.model_dir.resolve()),
+        config_json=model_config_json(spec.config),
+        instance_name=name,
+        instance_kind=kind,
+        device_id=device,
+        # short: macOS caps names at 31 chars; unique per server process and instance
+        shm_prefix=f"sl{os.getpid()}_{next(_instance_serial)}",
+        env=_worker_env(spec.config),
+        mode=mode,
+    )
+
+
+def _defines_auto_complete(path: Path) -> bool:
+    """Whether model.py's ``TritonPythonModel`` defines ``auto_complete_config`` (no import)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return True  # let the worker report the real error
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel":
+            return any(
+                isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                and item.name == "auto_complete_config"
+                for item in node.body
+            )
+    return True  # defined some other way (import, assignment): ask the worker
+
+
+class PythonInstance:
+    """One instance of a python model: a worker process plus its two arenas.
+
+    ``PythonInstance(spec, name="add_sub_0", kind="CPU", device_id=0)``; then
+    ``await start()``, ``await execute(requests)`` (one batch at a time), ``await stop()``.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        name: str,
+        kind: str = "CPU",
+        device_id: int = 0,
+        *,
+        stop_timeout: float = 5.0,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self._model_version = str(spec.version)
+        self._all_outputs = tuple(o.name for o in spec.config.output)
+        self._setup = _setup(spec, name, kind, device_id, "serve")
+        self.worker = WorkerClient(
+            self._setup,
+            label=f"python model '{spec.name}' version {spec.version} instance '{name}'",
+            stop_timeout=stop_timeout,
+        )
+        self._inputs = ArenaWriter(self._setup.shm_prefix, "i")
+        self._outputs = ArenaReader()
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (None when not running)."""
+        return self.worker.pid
+
+    async def start(self) -> None:
+        path = _model_file(self.spec)
+        if not path.is_file():
+            raise NotFound(
+                f"unable to find '{path}' for python model '{self.spec.name}' version"
+                f" {self.spec.version}"
+            )
+        await self.worker.start()
+
+    async def execute(self, requests: list[InferRequest]) -> ExecuteResult:
+        async with self._lock:
+            return await self._execute(requests)
+
+    async def _execute(self, requests: list[InferRequest]) -> ExecuteResult:
+        clock = time.perf_counter_ns
+        t0 = clock()
+        tensors: list[tuple[str, np.ndarray, str]] = []
+        spans: list[tuple[int, int]] = []
+        for r in requests:
+            start = len(tensors)
+            for name, arr in r.inputs.items():
+                tensors.append((name, arr, datatype_of(arr)))
+            spans.append((start, len(tensors)))
+        try:
+            refs = self._inputs.write(tensors)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"python model '{self.spec.name}': {exc}") from None
+        all_outputs = self._all_outputs
+        wire: list[RequestRef] = []
+        for r, (a, b) in zip(requests, spans, strict=True):
+            outs = r.outputs
+            wire.append(
+                (
+                    r.id,
+                    refs[a:b],
+                    tuple(o.name for o in outs) if outs else all_outputs,
+                    json.dumps(r.parameters) if r.parameters else "{}",
+                )
+            )
+        worker = self.worker
+        t1 = clock()
+        reply = await worker.call(Execute(worker.next_id(), self._inputs.name, tuple(wire)))
+        t2 = clock()
+
+        if reply.arena:
+            self._outputs.attach(reply.arena)
+        copy = self._outputs.copy
+        model_name, version = self.spec.name, self._model_version
+        results: list[InferResponse | ServerError] = []
+        for r, (code, payload) in zip(requests, reply.results, strict=True):
+            if code != OK:
+                results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
+                continue
+            outputs = {}
+            datatypes = {}
+            for ref in payload:
+                outputs[ref[0]] = copy(ref)
+                datatypes[ref[0]] = ref[1]
+            results.append(InferResponse(model_name, version, r.id, outputs, datatypes))
+        t3 = clock()
+        worker_ns = reply.compute_input_ns + reply.compute_infer_ns + reply.compute_output_ns
+        return ExecuteResult(
+            results,
+            compute_input_ns=(t1 - t0) + reply.compute_input_ns,
+            compute_infer_ns=reply.compute_infer_ns,
+            compute_output_ns=reply.compute_output_ns + (t3 - t2),
+            extra={"ipc_ns": max(t2 - t1 - worker_ns, 0)},
+        )
+
+    async def stop(self) -> None:
+        with contextlib.suppress(BaseException):
+            await self.worker.stop()
+        self._outputs.close()
+        self._inputs.close()
+        unlink_prefix(self._setup.shm_prefix)
+
+
+class PythonBackend:
+    """``backend: "python"``: Triton python models (``model.py`` with ``TritonPythonModel``)."""
+
+    name = "python"
+
+    def default_model_filename(self) -> str:
+        return "model.py"
+
+    def auto_complete(self, spec: ModelSpec) -> mc.ModelConfig:
+        """Run the model's ``auto_complete_config`` (if any) in a short-lived worker.
+
+        Blocking (spawns a process): call it from a thread when a loop is running.
+        """
+        path = _model_file(spec)
+        if not path.is_file() or not _defines_auto_complete(path):
+            return spec.config
+        setup = _setup(spec, f"{spec.name}_autocomplete", "CPU", 0, "auto_complete")
+        try:
+            completed = json.loads(run_auto_complete(setup))
+        finally:
+            unlink_prefix(setup.shm_prefix)
+        try:
+            return json_format.ParseDict(completed, mc.ModelConfig())
+        except json_format.ParseError as exc:
+            raise InvalidArgument(
+                f"auto_complete_config of python model '{spec.name}' produced an invalid"
+                f" config: {exc}"
+            ) from None
+
+    def create_instances(self, spec: ModelSpec) -> list[ModelInstance]:
+        return [
+            PythonInstance(spec, name, kind, device)
+            for name, kind, device in instance_names(spec.config)
+        ]
+
+
+register_backend(["python"], PythonBackend)

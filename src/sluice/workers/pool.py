@@ -1,0 +1,365 @@
+"""The event-loop side of one worker process: start, call, restart on death, stop.
+
+Rules of this file:
+- Workers are started with the ``spawn`` context (never fork: the server runs gRPC threads).
+- Replies are read when the pipe is readable (``loop.add_reader``), never by polling and never
+  with a thread per request; futures are matched to replies by message id.
+- Process death is seen through the process sentinel (and pipe EOF). Every in-flight future
+  then fails with an INTERNAL ``ServerError`` naming the model, the instance and the exit
+  code or signal, and a fresh worker is started (``initialize`` runs again) so later calls
+  succeed. A call that arrives while the restart runs waits for it.
+- ``stop`` sends ``Stop`` (the model's ``finalize``), waits up to its timeout, then
+  terminates and kills. It never raises and never leaves a child behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..errors import ServerError, Status
+from .messages import (
+    AutoCompleteReply,
+    ExecuteReply,
+    InitFailed,
+    Message,
+    Ready,
+    Stop,
+    WorkerSetup,
+    decode,
+    encode,
+)
+from .process import worker_main
+from .shm import unlink_prefix
+
+__all__ = ["WorkerClient", "run_auto_complete", "describe_exit"]
+
+_CTX = mp.get_context("spawn")
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``exited with code 1`` / ``was killed by signal SIGKILL``."""
+    if exitcode is None:
+        return "exited (exit status unknown)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = str(-exitcode)
+        return f"was killed by signal {name}"
+    return f"exited with code {exitcode}"
+
+
+class _Child:
+    """One spawned process and its pipe; a restart makes a new one."""
+
+    __slots__ = ("proc", "conn", "ready", "exited")
+
+    def __init__(self, proc: Any, conn: Connection) -> None:
+        self.proc = proc
+        self.conn = conn
+        self.ready = False
+        self.exited = False
+
+
+class WorkerClient:
+    """One model-instance worker process, driven from the event loop.
+
+    >>> w = WorkerClient(setup, label="python model 'add_sub' instance 'add_sub_0'")
+    >>> await w.start()              # raises ServerError when initialize fails
+    >>> reply = await w.call(Execute(w.next_id(), arena, requests))
+    >>> await w.stop()
+    """
+
+    def __init__(
+        self, setup: WorkerSetup, label: str, *, stop_timeout: float = 5.0, restart: bool = True
+    ) -> None:
+        self.setup = setup
+        self.label = label
+        self.stop_timeout = stop_timeout
+        self.restart = restart
+        self.restarts = 0
+        self._child: _Child | None = None
+        self._stopping = False
+        self._start_task: asyncio.Future[None] | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- public -------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        child = self._child
+        if child is None:
+            return None
+        try:
+            return int(child.proc.pid)
+        except ValueError:  # already closed
+            return None
+
+    @property
+    def ready(self) -> bool:
+        child = self._child
+        return child is not None and child.ready
+
+    def next_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    async def start(self) -> None:
+        """Spawn the worker and wait for ``initialize``; ServerError when it fails."""
+        self._stopping = False
+        await self._ensure_started()
+
+    async def call(self, msg: Any) -> ExecuteReply:
+        """Send one message and wait for the reply with the same id.
+
+        Raises ServerError (INTERNAL) when the worker dies before answering.
+        """
+        child = self._child
+        if child is None or not child.ready:
+            await self._ensure_started()
+            child = self._child
+            assert child is not None
+        loop = self._loop
+        assert loop is not None
+        fut = loop.create_future()
+        self._pending[msg.id] = fut
+        try:
+            child.conn.send_bytes(encode(msg))
+        except OSError:
+            pass  # the worker died; the exit handler fails ``fut`` with the reason
+        try:
+            return await fut  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            # The worker still reads the input arena until it answers: the caller's lock
+            # must stay held until then, so wait for the (discarded) reply before leaving.
+            if child.ready and self._pending.get(msg.id) is fut:
+                drain = loop.create_future()
+                self._pending[msg.id] = drain
+                with contextlib.suppress(BaseException):
+                    await drain
+            raise
+
+    async def stop(self) -> None:
+        """Finalize, then terminate / kill if needed. Never raises."""
+        self._stopping = True
+        task = self._start_task
+        if task is not None and not task.done():
+            with contextlib.suppress(BaseException):
+                await task
+        child = self._child
+        if child is None:
+            return
+        try:
+            if child.ready and self._loop is not None:
+                fut = self._loop.create_future()
+                msg_id = self.next_id()
+                self._pending[msg_id] = fut
+                try:
+                    child.conn.send_bytes(encode(Stop(msg_id)))
+                    await asyncio.wait_for(asyncio.shield(fut), self.stop_timeout)
+                except (TimeoutError, OSError, ServerError):
+                    pass
+            await _wait_exit(child.proc, self.stop_timeout)
+        except BaseException:  # noqa: BLE001 - stop must not raise; kill below
+            pass
+        finally:
+            self._release(child)
+            self._child = None
+            self._fail_pending(ServerError(f"{self.label} is stopping", Status.UNAVAILABLE))
+            unlink_prefix(self.setup.shm_prefix + "o")
+
+    # ---- start / exit -------------------------------------------------------------------
+
+    async def _ensure_started(self) -> None:
+        if self._stopping:
+            raise ServerError(f"{self.label} is stopping", Status.UNAVAILABLE)
+        task = self._start_task
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._start_task = asyncio.ensure_future(self._spawn())
+        await asyncio.shield(task)
+
+    async def _spawn(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        parent_conn, child_conn = _CTX.Pipe(duplex=True)
+        proc = _CTX.Process(
+            target=worker_main,
+            args=(child_conn, self.setup),
+            name=f"sluice-{self.setup.instance_name}",
+            daemon=True,
+        )
+        proc.start()
+        child_conn.close()  # so that the worker's death reads as EOF here
+        child = self._child = _Child(proc, parent_conn)
+        fut = loop.create_future()
+        self._pending[0] = fut
+        loop.add_reader(parent_conn.fileno(), self._on_readable, child)
+        loop.add_reader(proc.sentinel, self._on_exit, child)
+        try:
+            reply = await fut
+        except ServerError as exc:  # died during start-up: _after_death said how
+            raise ServerError(
+                f"failed to start {self.label} ({self.setup.model_file}): {exc}",
+                Status.INTERNAL,
+            ) from None
+        except BaseException:
+            self._release(child)
+            self._child = None
+            raise
+        if isinstance(reply, InitFailed):
+            await _wait_exit(proc, 2.0)
+            self._release(child)
+            self._child = None
+            raise ServerError(
+                f"failed to load {self.label} from {self.setup.model_file}: {reply.message}",
+                Status.INTERNAL,
+            )
+        assert isinstance(reply, Ready)
+        child.ready = True
+
+    def _on_readable(self, child: _Child) -> None:
+        try:
+            data = child.conn.recv_bytes()
+        except (EOFError, OSError):
+            self._on_exit(child)
+            return
+        self._dispatch(decode(data))
+
+    def _dispatch(self, msg: Message) -> None:
+        fut = self._pending.pop(msg.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _on_exit(self, child: _Child) -> None:
+        if child.exited:
+            return
+        child.exited = True
+        was_ready, child.ready = child.ready, False
+        # Replies written just before the exit are still in the pipe: deliver them first.
+        try:
+            while child.conn.poll(0):
+                self._dispatch(decode(child.conn.recv_bytes()))
+        except (EOFError, OSError):
+            pass
+        self._remove_readers(child)
+        if not self._stopping and self._loop is not None:
+            self._loop.create_task(self._after_death(child, was_ready))
+
+    async def _after_death(self, child: _Child, was_ready: bool) -> None:
+        proc = child.proc
+        pid = proc.pid
+        await _wait_exit(proc, 2.0)
+        exitcode = proc.exitcode
+        self._release(child)
+        if self._child is not child:
+            return
+        self._child = None
+        self._fail_pending(
+            ServerError(
+                f"{self.label}: worker process {pid} {describe_exit(exitcode)}", Status.INTERNAL
+            )
+        )
+        unlink_prefix(self.setup.shm_prefix + "o")
+        if was_ready and self.restart and not self._stopping:
+            self.restarts += 1
+            task = self._start_task = asyncio.ensure_future(self._spawn())
+            # A failed restart reaches the next caller through _ensure_started.
+            task.add_done_callback(_consume_exception)
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _remove_readers(self, child: _Child) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(Exception):
+            if not child.conn.closed:
+                loop.remove_reader(child.conn.fileno())
+        with contextlib.suppress(Exception):
+            loop.remove_reader(child.proc.sentinel)
+
+    def _release(self, child: _Child) -> None:
+        """Readers off, process reaped (terminate / kill when needed), pipe closed."""
+        child.ready = False
+        self._remove_readers(child)
+        _kill(child.proc)
+        with contextlib.suppress(Exception):
+            child.conn.close()
+
+    def _fail_pending(self, exc: ServerError) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+
+async def _wait_exit(proc: Any, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    with contextlib.suppress(ValueError):  # ValueError: already closed
+        while proc.exitcode is None and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+
+
+def _kill(proc: Any) -> None:
+    with contextlib.suppress(ValueError):  # ValueError: already closed
+        if proc.exitcode is None:
+            proc.terminate()
+            proc.join(1.0)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(1.0)
+        proc.join(0)
+        proc.close()
+
+
+def _consume_exception(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def run_auto_complete(setup: WorkerSetup, timeout: float = 120.0) -> str:
+    """Run the model's ``auto_complete_config`` in a short-lived worker; the config JSON.
+
+    Blocking (the ``Backend.auto_complete`` contract is synchronous): call it from a thread
+    when an event loop is running.
+    """
+    parent_conn, child_conn = _CTX.Pipe(duplex=True)
+    proc = _CTX.Process(target=worker_main, args=(child_conn, setup), daemon=True)
+    proc.start()
+    child_conn.close()
+    label = f"python model '{setup.model_name}'"
+    try:
+        if not parent_conn.poll(timeout):
+            raise ServerError(
+                f"auto_complete_config of {label} did not answer in {timeout:.0f}s",
+                Status.INTERNAL,
+            )
+        try:
+            reply = decode(parent_conn.recv_bytes())
+        except EOFError:
+            proc.join(2.0)
+            raise ServerError(
+                f"auto_complete_config of {label}: worker {describe_exit(proc.exitcode)}",
+                Status.INTERNAL,
+            ) from None
+        if isinstance(reply, InitFailed):
+            raise ServerError(
+                f"auto_complete_config of {label} failed ({setup.model_file}): {reply.message}",
+                Status.INVALID_ARG,
+            )
+        assert isinstance(reply, AutoCompleteReply)
+        return reply.config_json
+    finally:
+        parent_conn.close()
+        proc.join(5.0)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(1.0)
+        proc.close()

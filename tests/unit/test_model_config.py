@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from sluice.errors import InvalidArgument, NotFound
+from sluice.repository import layout
+from sluice.repository.model_config import (
+    config_to_json_dict,
+    normalise,
+    parse_config_json,
+    parse_config_text,
+    validate,
+)
+
+
+def test_parse_error_names_file_line_and_field():
+    text = 'name: "m"\nbackend: "python"\noutput [{ name: "O" data_type: TYPE_FP32 dimz: [1] }]\n'
+    with pytest.raises(InvalidArgument) as e:
+        parse_config_text(text, "/repo/m/config.pbtxt")
+    msg = str(e.value)
+    assert "/repo/m/config.pbtxt:3:" in msg and "dimz" in msg
+
+
+def test_json_form_has_int64_as_numbers(tmp_path: Path):
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    c = parse_config_text('backend: "python" max_batch_size: 8 input [{name: "I" data_type: TYPE_FP32 dims: [4]}] '
+                          'dynamic_batching { max_queue_delay_microseconds: 500 }', "x")
+    c = normalise(c, tmp_path / "m", [1])
+    validate(c, "x")
+    d = config_to_json_dict(c)
+    assert d["name"] == "m"
+    assert d["input"][0]["dims"] == [4]
+    assert d["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    assert d["instance_group"][0]["kind"] == "KIND_CPU"
+    again = parse_config_json(__import__("json").dumps(d))
+    assert again == c
+
+
+def test_name_mismatch_is_refused(tmp_path: Path):
+    c = parse_config_text('name: "other" backend: "python"', "x")
+    with pytest.raises(InvalidArgument, match="name"):
+        normalise(c, tmp_path / "m", [1])
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "../x", "a/b", ".hidden", "a\\b"])
+def test_model_names_that_are_not_plain_directories(bad):
+    with pytest.raises(InvalidArgument):
+        layout.check_model_name(bad)
+
+
+def test_versions_skip_non_numeric_and_leading_zero(tmp_path: Path, caplog):
+    m = tmp_path / "m"
+    for d in ("1", "3", "0", "01", "v2", "latest"):
+        (m / d).mkdir(parents=True)
+    (m / "model.onnx").write_bytes(b"x")
+    assert layout.list_versions(m) == [1, 3]
+    text = caplog.text
+    assert "'01'" in text or "/01" in text
+    assert "v2" in text and "model.onnx" in text
+
+
+def test_version_policy():
+    c = mc.ModelConfig(name="m")
+    assert layout.select_versions(c, [1, 2, 3]) == [3]
+    c.version_policy.latest.num_versions = 2
+    assert layout.select_versions(c, [1, 2, 3]) == [2, 3]
+    c.version_policy.all.SetInParent()
+    assert layout.select_versions(c, [1, 2, 3]) == [1, 2, 3]
+    c.version_policy.specific.versions.extend([1, 3])
+    assert layout.select_versions(c, [1, 2, 3]) == [1, 3]
+    c.version_policy.specific.versions.append(7)
+    with pytest.raises(NotFound, match="7"):
+        layout.select_versions(c, [1, 2, 3])
+
+
+def test_dynamic_batching_needs_max_batch_size():
+    c = parse_config_text('name: "m" backend: "python" max_batch_size: 0 '
+                          'input [{name: "I" data_type: TYPE_FP32 dims: [4]}] dynamic_batching {}', "cfg")
+    with pytest.raises(InvalidArgument, match="max_batch_size"):
+        validate(c, "cfg")

@@ -1,0 +1,128 @@
+"""A zoo of toy Triton python-backend models, written into a temporary repository by tests."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repo"
+
+
+def copy_example(repo: Path, name: str) -> Path:
+    shutil.copytree(EXAMPLES / name, repo / name)
+    return repo / name
+
+
+def write_model(repo: Path, name: str, config: str, model_py: str | None, version: int = 1) -> Path:
+    mdir = repo / name
+    (mdir / str(version)).mkdir(parents=True, exist_ok=True)
+    (mdir / "config.pbtxt").write_text(textwrap.dedent(config))
+    if model_py is not None:
+        (mdir / str(version) / "model.py").write_text(textwrap.dedent(model_py))
+    return mdir
+
+
+IDENTITY_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0")
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t.as_numpy())]))
+        return out
+"""
+
+
+def identity(repo: Path, name: str = "identity", dtype: str = "TYPE_FP32", dims: str = "[ -1 ]",
+             max_batch_size: int = 8, extra: str = "") -> Path:
+    return write_model(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "INPUT0", data_type: {dtype}, dims: {dims} }} ]
+        output [ {{ name: "OUTPUT0", data_type: {dtype}, dims: {dims} }} ]
+        {extra}
+        """, IDENTITY_PY)
+
+
+SLEEP_PY = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        params = json.loads(args["model_config"]).get("parameters", {})
+        self.ms = float(params.get("sleep_ms", {}).get("string_value", "50"))
+
+    def execute(self, requests):
+        time.sleep(self.ms / 1000.0)
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t)]))
+        return out
+"""
+
+
+def sleep_model(repo: Path, name: str = "sleep", ms: int = 50, count: int = 1,
+                max_batch_size: int = 8, extra: str = "") -> Path:
+    return write_model(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
+        parameters {{ key: "sleep_ms" value: {{ string_value: "{ms}" }} }}
+        {extra}
+        """, SLEEP_PY)
+
+
+FAIL_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            v = float(x.reshape(-1)[0])
+            if v == 13:
+                raise ValueError("unlucky input 13")
+            if v == 666:
+                os._exit(3)
+            if v < 0:
+                out.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("negative input not allowed")))
+                continue
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+"""
+
+
+def fail_model(repo: Path, name: str = "faulty") -> Path:
+    """INPUT0 == 13 raises, == 666 kills the worker, < 0 returns a per-request error."""
+    return write_model(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        """, FAIL_PY)
+
+
+def broken_config(repo: Path, name: str = "broken") -> Path:
+    return write_model(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dimz: [ 1 ] }} ]
+        """, IDENTITY_PY)
