@@ -126,3 +126,90 @@ def broken_config(repo: Path, name: str = "broken") -> Path:
         input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dimz: [ 1 ] }} ]
         """, IDENTITY_PY)
+
+
+# --- helpers added for tests/e2e (append only) ---------------------------------------------
+
+SLOW_INIT_PY = """
+import json
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"]).get("parameters", {})
+        time.sleep(float(params.get("init_sleep_s", {}).get("string_value", "2")))
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t)]))
+        return out
+"""
+
+
+def slow_init_model(repo: Path, name: str = "slow_init", init_s: float = 2.0,
+                    max_batch_size: int = 8) -> Path:
+    """Identity FP32 [1] model whose initialize() sleeps ``init_s`` seconds."""
+    return write_model(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        parameters {{ key: "init_sleep_s" value: {{ string_value: "{init_s}" }} }}
+        """, SLOW_INIT_PY)
+
+
+INIT_FAIL_PY = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("init exploded")
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def init_fail_model(repo: Path, name: str = "init_fail") -> Path:
+    """A model whose initialize() raises ``RuntimeError("init exploded")``."""
+    return write_model(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        """, INIT_FAIL_PY)
+
+
+def version_model_py(version: int) -> str:
+    """Adds ``version`` to INPUT0 (FP32), so a response tells which version served it."""
+    return f"""
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t + {version})]))
+        return out
+"""
+
+
+def versioned_model(repo: Path, name: str, versions: list[int], policy: str = "") -> Path:
+    """FP32 [1] model with one dir per version; version N answers INPUT0 + N."""
+    mdir = repo / name
+    for v in versions:
+        (mdir / str(v)).mkdir(parents=True, exist_ok=True)
+        (mdir / str(v) / "model.py").write_text(textwrap.dedent(version_model_py(v)))
+    (mdir / "config.pbtxt").write_text(textwrap.dedent(f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        {policy}
+        """))
+    return mdir

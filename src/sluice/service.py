@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import SERVER_NAME, __version__
 from .config import ControlMode, ServerConfig
-from .errors import InvalidArgument, ServerError, Unavailable, Unsupported
+from .errors import InvalidArgument, ServerError, Unavailable
 from .protocol.datatypes import numpy_to_kserve
 from .repository.layout import check_model_name
 from .repository.manager import ModelManager
@@ -112,11 +112,13 @@ class InferenceService:
             raise Unavailable("Server is shutting down: new inference requests are refused")
         sv = self._serving(request.model_name, request.model_version)
         stats = sv.stats
+        # Client mistakes are refused before the model sees them and, as in Triton, are not
+        # counted as inference failures.
+        batch, key = check_request(request, sv)
+        params = request.parameters
+        priority = _int_param(params, "priority") if params else 0
+        timeout = _int_param(params, "timeout") if params else 0
         try:
-            batch, key = check_request(request, sv)
-            params = request.parameters
-            priority = _int_param(params, "priority") if params else 0
-            timeout = _int_param(params, "timeout") if params else 0
             self._inflight += 1
             try:
                 response = await sv.scheduler.submit(request, batch, key, priority, timeout)
@@ -160,28 +162,27 @@ class InferenceService:
             return False
 
     # --- repository -----------------------------------------------------------
-    def _check_control(self, what: str) -> None:
+    def _check_control(self) -> None:
         mode = self.config.control_mode
         if mode != ControlMode.EXPLICIT:
-            raise Unsupported(
-                f"explicit model {what} is not allowed if polling is enabled"
-                if mode == ControlMode.POLL else
-                f"explicit model {what} is not allowed with --model-control-mode=none; start the "
-                "server with --model-control-mode=explicit")
+            # Triton's status (503) and words, plus the mode actually in force.
+            raise Unavailable(
+                "explicit model load / unload is not allowed if polling is enabled "
+                f"(--model-control-mode={mode}; use --model-control-mode=explicit)")
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.manager.index(ready_only)
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         check_model_name(name)
-        self._check_control("load")
+        self._check_control()
         if not self._accepting:
             raise Unavailable("Server is shutting down: model load refused")
         await self.manager.load(name, parameters)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         check_model_name(name)
-        self._check_control("unload")
+        self._check_control()
         dependents = bool((parameters or {}).get("unload_dependents", False))
         await self.manager.unload(name, dependents)
 
@@ -191,7 +192,14 @@ class InferenceService:
             stats = [st.as_dict() for rec in self.manager.records.values()
                      for v, st in sorted(rec.stats.items()) if v in rec.serving]
             return {"model_stats": stats}
-        sv = self._serving(name, version)
+        check_model_name(name)
+        try:
+            sv = self.manager.get_serving(name, version)
+        except ServerError:
+            if version:
+                raise InvalidArgument(
+                    f"requested model version is not available for model '{name}'") from None
+            raise InvalidArgument(f"requested model '{name}' is not available") from None
         if version:
             return {"model_stats": [sv.stats.as_dict()]}
         rec = self.manager.records[name]

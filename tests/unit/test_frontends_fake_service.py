@@ -33,7 +33,13 @@ class ToyService(InferenceService):
     """add_sub on FP32 [-1, 4]; "fail" raises InvalidArgument; "boom" raises a bug."""
 
     def __init__(self) -> None:
-        self.models = {"add_sub": "READY", "fail": "READY", "boom": "READY", "a b": "READY", "a/b": "READY"}
+        self.models = {
+            "add_sub": "READY",
+            "fail": "READY",
+            "boom": "READY",
+            "a b": "READY",
+            "a/b": "READY",
+        }
         self.loads: list[tuple[str, Any]] = []
         self.unloads: list[tuple[str, Any]] = []
         self.is_ready = True
@@ -96,7 +102,10 @@ class ToyService(InferenceService):
         rows = [
             {"name": n, "version": "1", "state": s, "reason": ""} for n, s in self.models.items()
         ]
-        rows.append({"name": "unloaded", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"})
+        rows.append(
+            {"name": "unloaded", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+        )
+        rows.append({"name": "never", "version": "", "state": "", "reason": ""})
         return [r for r in rows if r["state"] == "READY"] if ready_only else rows
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
@@ -137,7 +146,12 @@ class ToyService(InferenceService):
                         )
                     },
                     "batch_stats": [
-                        {"batch_size": 1, "compute_input": d, "compute_infer": d, "compute_output": d}
+                        {
+                            "batch_size": 1,
+                            "compute_input": d,
+                            "compute_infer": d,
+                            "compute_output": d,
+                        }
                     ],
                 }
                 for n in names
@@ -249,6 +263,10 @@ def test_health(http: Any, grpc_: Any, servers: Servers) -> None:
         servers.service.is_ready = True
     assert http.is_model_ready("add_sub") and grpc_.is_model_ready("add_sub")
     assert not http.is_model_ready("missing") and not grpc_.is_model_ready("missing")
+    assert _raw(servers, "GET", "/v2/models/missing/ready") == (
+        400,
+        {"error": "Model version not ready"},
+    )
     assert http.is_model_ready("add_sub", "1")
 
 
@@ -305,9 +323,7 @@ def test_grpc_infer(grpc_: Any) -> None:
     r = grpc_.infer("add_sub", _grpc_inputs(), request_id="9")
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
     assert r.get_response().id == "9"
-    r = grpc_.infer(
-        "add_sub", _grpc_inputs(), outputs=[grpcclient.InferRequestedOutput("OUTPUT1")]
-    )
+    r = grpc_.infer("add_sub", _grpc_inputs(), outputs=[grpcclient.InferRequestedOutput("OUTPUT1")])
     assert r.as_numpy("OUTPUT0") is None
     np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
 
@@ -338,7 +354,9 @@ def test_grpc_stream(grpc_: Any) -> None:
         ("boom", "500", "StatusCode.INTERNAL", "RuntimeError: a bug"),
     ],
 )
-def test_service_errors(http: Any, grpc_: Any, model: str, http_code: str, grpc_code: str, text: str) -> None:
+def test_service_errors(
+    http: Any, grpc_: Any, model: str, http_code: str, grpc_code: str, text: str
+) -> None:
     with pytest.raises(InferenceServerException) as e:
         http.infer(model, _http_inputs(True))
     assert e.value.status() == http_code and text in e.value.message()
@@ -388,7 +406,9 @@ def test_statistics(http: Any, grpc_: Any) -> None:
 
 def test_repository(http: Any, grpc_: Any, servers: Servers) -> None:
     index = http.get_model_repository_index()
-    assert {"name": "add_sub", "version": "1", "state": "READY", "reason": ""} in index
+    assert {"name": "add_sub", "version": "1", "state": "READY"} in index  # no empty reason
+    assert {"name": "never", "version": "", "state": "", "reason": ""} not in index
+    assert {"name": "never"} in index
     code, ready = _raw(servers, "GET", "/v2/repository/index")
     assert code == 200 and ready == index
     code, ready = _raw(servers, "POST", "/v2/repository/index", b'{"ready": true}')

@@ -184,7 +184,12 @@ def test_encode_response_read_by_tritonclient() -> None:
         "B": np.array([True, False]),
     }
     resp = InferResponse(
-        "m", "1", "rid", outputs=outs, output_datatypes={"F": "FP32", "H": "FP16", "S": "BYTES", "B": "BOOL"}, parameters={"p": 1}
+        "m",
+        "1",
+        "rid",
+        outputs=outs,
+        output_datatypes={"F": "FP32", "H": "FP16", "S": "BYTES", "B": "BOOL"},
+        parameters={"p": 1},
     )
     msg = gc.encode_infer_response(resp, InferRequest("m"))
     msg = pb.ModelInferResponse.FromString(msg.SerializeToString())
@@ -195,9 +200,7 @@ def test_encode_response_read_by_tritonclient() -> None:
 
 
 def test_encode_requested_subset() -> None:
-    resp = InferResponse(
-        "m", "1", outputs={"A": np.zeros(1, np.int32), "B": np.ones(1, np.int32)}
-    )
+    resp = InferResponse("m", "1", outputs={"A": np.zeros(1, np.int32), "B": np.ones(1, np.int32)})
     msg = gc.encode_infer_response(resp, InferRequest("m", outputs=[OutputSpec("B")]))
     assert [o.name for o in msg.outputs] == ["B"] and len(msg.raw_output_contents) == 1
 

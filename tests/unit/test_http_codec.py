@@ -178,8 +178,12 @@ def test_neither_or_both_data_sources() -> None:
     assert "both" in _doc_error(doc, len(json.dumps(doc)), b"\0" * 8)
 
 
-def _binary_doc(size: Any, datatype: str = "FP32", shape: list[int] | None = None) -> dict[str, Any]:
-    return _one(datatype=datatype, shape=shape or [2], data=None, parameters={"binary_data_size": size})
+def _binary_doc(
+    size: Any, datatype: str = "FP32", shape: list[int] | None = None
+) -> dict[str, Any]:
+    return _one(
+        datatype=datatype, shape=shape or [2], data=None, parameters={"binary_data_size": size}
+    )
 
 
 def test_binary_size_mismatch() -> None:
@@ -319,7 +323,9 @@ def test_encode_requested_subset_in_order() -> None:
 def test_encode_non_contiguous_and_cast() -> None:
     arr = np.arange(12, dtype=np.float64).reshape(3, 4).T  # F-order, and float64 for FP32
     resp = InferResponse("m", "1", outputs={"X": arr}, output_datatypes={"X": "FP32"})
-    body, headers = hc.encode_infer_response(resp, InferRequest("m", parameters={"binary_data_output": True}))
+    body, headers = hc.encode_infer_response(
+        resp, InferRequest("m", parameters={"binary_data_output": True})
+    )
     got = _parse(body, headers).as_numpy("X")
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, arr.astype(np.float32))
@@ -332,7 +338,9 @@ def test_client_side_helpers_round_trip() -> None:
         req = hc.decode_infer_request(body, "m", "", hl)
         assert req.id == "q" and req.parameters == {"binary_data_output": binary}
         np.testing.assert_array_equal(req.inputs["S"], inputs["S"])
-        resp = InferResponse("m", "1", outputs=dict(req.inputs), output_datatypes=req.input_datatypes)
+        resp = InferResponse(
+            "m", "1", outputs=dict(req.inputs), output_datatypes=req.input_datatypes
+        )
         out, headers = hc.encode_infer_response(resp, req)
         hl2 = dict(headers).get(b"inference-header-content-length")
         back = hc.decode_infer_response(out, int(hl2) if hl2 else None)

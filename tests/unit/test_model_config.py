@@ -54,7 +54,7 @@ def test_versions_skip_non_numeric_and_leading_zero(tmp_path: Path, caplog):
     for d in ("1", "3", "0", "01", "v2", "latest"):
         (m / d).mkdir(parents=True)
     (m / "model.onnx").write_bytes(b"x")
-    assert layout.list_versions(m) == [1, 3]
+    assert layout.list_versions(m) == [0, 1, 3]  # "0" is a version in Triton; "01" is not
     text = caplog.text
     assert "'01'" in text or "/01" in text
     assert "v2" in text and "model.onnx" in text

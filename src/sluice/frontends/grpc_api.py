@@ -88,7 +88,9 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
 
     # --- health / metadata --------------------------------------------------
     @_rpc
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Any
+    ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.service.live())
 
     @_rpc
@@ -104,7 +106,9 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         return codec.server_metadata_response(self.service.server_metadata())
 
     @_rpc
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
 
     @_rpc
@@ -131,7 +135,9 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
 
     # --- inference ----------------------------------------------------------
     @_rpc
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
         req = codec.decode_infer_request(request)
         return codec.encode_infer_response(await self.service.infer(req), req)
 

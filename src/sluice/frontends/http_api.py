@@ -51,7 +51,7 @@ Result = tuple[int, bytes, Headers]
 
 _CT_JSON: Headers = [(b"content-type", b"application/json")]
 _OK_EMPTY: Result = (200, b"", [])
-_NOT_READY: Result = (400, b"", [])
+_NOT_READY: Result = (400, b"", [])  # server not live/ready: a bare 400, as Triton
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 # Triton extensions this server answers with 501 rather than 404.
@@ -74,6 +74,15 @@ def _json(obj: Any, status: int = 200) -> Result:
 
 def _error(status: int, message: str) -> Result:
     return status, _json_dumps({"error": message}).encode(), _CT_JSON
+
+
+_MODEL_NOT_READY = _error(400, "Model version not ready")
+
+
+def _index_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Triton omits empty fields: ``{"name": "m"}`` for a model never loaded, no "reason" for
+    a READY one."""
+    return [{k: v for k, v in row.items() if v or k == "name"} for row in rows]
 
 
 def _seg(raw: bytes) -> str:
@@ -106,7 +115,9 @@ def _decompress(body: bytes, encoding: bytes) -> bytes:
         if enc == b"deflate":
             return zlib.decompress(body)
     except (OSError, zlib.error, EOFError) as exc:
-        raise InvalidArgument(f"failed to decompress the {enc.decode()} request body: {exc}") from None
+        raise InvalidArgument(
+            f"failed to decompress the {enc.decode()} request body: {exc}"
+        ) from None
     if enc in (b"", b"identity"):
         return body
     raise Unsupported(f"unsupported Content-Encoding {encoding.decode('latin-1')!r}")
@@ -267,8 +278,10 @@ class HttpFrontend:
                 doc = _json_body(await _read_body(receive), "repository index")
                 ready = doc.get("ready", False)
                 if type(ready) is not bool:
-                    raise InvalidArgument("the repository index request field 'ready' must be a boolean")
-                return _json(self.service.repository_index(ready_only=ready))
+                    raise InvalidArgument(
+                        "the repository index request field 'ready' must be a boolean"
+                    )
+                return _json(_index_rows(self.service.repository_index(ready_only=ready)))
             if n == 6 and parts[3] == b"models" and parts[5] in (b"load", b"unload"):
                 _only(method, "POST")
                 name = _seg(parts[4])
@@ -302,7 +315,9 @@ class HttpFrontend:
             action = rest[0]
             if action == b"ready":
                 _only(method, "GET")
-                return _OK_EMPTY if self.service.model_ready(name, version) else _NOT_READY
+                if self.service.model_ready(name, version):
+                    return _OK_EMPTY
+                return _MODEL_NOT_READY
             if action == b"config":
                 _only(method, "GET")
                 return _json(config_to_json_dict(self.service.model_config(name, version)))
@@ -310,7 +325,9 @@ class HttpFrontend:
                 _only(method, "GET", "POST")
                 return _json(self.service.model_statistics(name, version))
             if action in _UNSUPPORTED_MODEL_ACTIONS:
-                return _error(501, f"the {action.decode()} extension is not supported by this server")
+                return _error(
+                    501, f"the {action.decode()} extension is not supported by this server"
+                )
         return _error(404, f"no route for {scope['path']}")
 
     async def _infer(self, scope: Scope, receive: Receive, model: str, version: str) -> Result:
@@ -358,7 +375,9 @@ def _load_params(params: dict[str, Any]) -> dict[str, Any] | None:
             try:
                 out[key] = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError) as exc:
-                raise InvalidArgument(f"load parameter '{key}' is not valid base64: {exc}") from None
+                raise InvalidArgument(
+                    f"load parameter '{key}' is not valid base64: {exc}"
+                ) from None
         elif key == "config":
             if type(value) is dict:
                 value = json.dumps(value)

@@ -150,9 +150,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
             )
         if n_raw:
             if tin.HasField("contents"):
-                raise InvalidArgument(
-                    f"input '{name}' has both 'contents' and raw_input_contents"
-                )
+                raise InvalidArgument(f"input '{name}' has both 'contents' and raw_input_contents")
             raw = raws[i]
             if dt is _OBJECT:
                 arr = deserialize_bytes_tensor(raw, count, 0, len(raw), name)
@@ -226,7 +224,9 @@ def encode_infer_response(
         arr = outs[name]
         datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
         if datatype is None:
-            raise InvalidArgument(f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype")
+            raise InvalidArgument(
+                f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
+            )
         tensors.append(Tensor(name=name, datatype=datatype, shape=arr.shape))
         raws.append(_raw(datatype, arr))
     msg.outputs.extend(tensors)

@@ -165,7 +165,9 @@ def _parse_shape(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
     return tuple(shape), math.prod(shape)
 
 
-def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any) -> np.ndarray:
+def _json_tensor(
+    name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any
+) -> np.ndarray:
     if type(data) is not list:
         raise _bad(f"input '{name}': 'data' must be a JSON array")
     types = set(map(type, data))
@@ -192,7 +194,9 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], count: int, d
     try:
         return np.array(data, dtype=KSERVE_TO_NUMPY[datatype]).reshape(shape)
     except (OverflowError, ValueError) as exc:
-        raise _bad(f"input '{name}': 'data' value out of range for datatype {datatype}: {exc}") from None
+        raise _bad(
+            f"input '{name}': 'data' value out of range for datatype {datatype}: {exc}"
+        ) from None
 
 
 def _parameters(owner: str, params: Any) -> dict[str, Any]:
@@ -274,7 +278,9 @@ def decode_infer_request(
             if "data" in tin:
                 raise _bad(f"input '{name}' has both 'data' and parameters.binary_data_size")
             if type(size) is not int or size < 0:
-                raise _bad(f"input '{name}': parameters.binary_data_size must be a non-negative integer")
+                raise _bad(
+                    f"input '{name}': parameters.binary_data_size must be a non-negative integer"
+                )
             end = pos + size
             if end > blen:
                 if header_length == blen:
@@ -391,7 +397,9 @@ def encode_infer_response(
         arr = outs[name]
         datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
         if datatype is None:
-            raise InvalidArgument(f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype")
+            raise InvalidArgument(
+                f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
+            )
         doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         binary = output_is_binary(spec, req_params)
         if not binary:
@@ -463,7 +471,9 @@ def encode_infer_request(
         else:
             data = _json_data(datatype, arr)
             if data is None:
-                raise InvalidArgument(f"input '{name}': BYTES elements must be UTF-8 to send as JSON")
+                raise InvalidArgument(
+                    f"input '{name}': BYTES elements must be UTF-8 to send as JSON"
+                )
             doc["data"] = data
         docs.append(doc)
     head: dict[str, Any] = {}

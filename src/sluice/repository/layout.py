@@ -4,7 +4,8 @@ Rules of this file:
 - A model name is a plain directory name: no separators, not ``.``/``..``, not empty, not
   hidden. Anything else is refused before the file system is touched, so nothing outside a
   repository is ever read.
-- Version directories must be numeric without a leading zero; others are skipped with a
+- Version directories must be numeric without a leading zero ("0" itself is a version, as
+  in Triton); others are skipped with a
   warning that names them (and a model file at the model root is called out).
 """
 
@@ -87,12 +88,13 @@ def list_versions(model_dir: Path, warn: bool = True) -> list[int]:
         raise NotFound(f"cannot read model directory {model_dir}: {exc}") from None
     for entry in entries:
         if entry.is_dir():
-            if entry.name.isdigit() and not (entry.name.startswith("0")):
+            # "0" is a version (as Triton loads it); "01" is not.
+            if entry.name.isdigit() and (entry.name == "0" or not entry.name.startswith("0")):
                 versions.append(int(entry.name))
             elif warn and not entry.name.startswith((".", "_")):
                 log.warning(
                     "model '%s': ignoring directory '%s': version directories must be numeric "
-                    "and must not start with 0", model_dir.name, entry.path)
+                    "without a leading 0", model_dir.name, entry.path)
         elif warn and entry.name.endswith(_MODEL_FILE_SUFFIXES):
             log.warning(
                 "model '%s': file '%s' is at the model root and will not be loaded; move it into "

@@ -69,7 +69,8 @@ class ModelManager:
         return rec
 
     def get_serving(self, name: str, version: str = "") -> ServingVersion:
-        """The version that serves ``name``/``version``; raises NotFound / Unavailable."""
+        """The version that serves ``name``/``version``; raises NotFound with Triton's texts
+        (plus the state and reason when the model is known but not serving)."""
         rec = self.records.get(name)
         if version:
             try:
@@ -81,22 +82,21 @@ class ModelManager:
                 sv = rec.serving.get(v)
                 if sv is not None:
                     return sv
-            if rec is None or not rec.serving:
-                raise self._not_ready(name)
-            raise Unavailable(f"Request for unknown model: '{name}' version {version} is not "
-                              f"found; loaded versions: {sorted(rec.serving)}")
-        if rec is not None and rec.latest is not None:
+                if rec.serving:
+                    raise NotFound(f"Request for unknown model: '{name}' version {version} is not "
+                                   f"found (serving versions: "
+                                   f"{', '.join(map(str, sorted(rec.serving)))})")
+        elif rec is not None and rec.latest is not None:
             return rec.latest
-        raise self._not_ready(name)
+        raise self._not_serving(name)
 
-    def _not_ready(self, name: str) -> ServerError:
+    def _not_serving(self, name: str) -> ServerError:
         layout.check_model_name(name)
         rec = self.records.get(name)
         if rec is not None and rec.states:
-            state, reason = rec.states.get(0) or next(iter(rec.states.values()))
-            detail = f" ({reason})" if reason else ""
-            return Unavailable(f"Request for unknown model: '{name}' is not ready: state "
-                               f"{state}{detail}")
+            state, reason = rec.states.get(-1) or next(iter(rec.states.values()))
+            detail = f"; state {state}" + (f": {reason}" if reason else "")
+            return NotFound(f"Request for unknown model: '{name}' has no available versions{detail}")
         return NotFound(f"Request for unknown model: '{name}' is not found")
 
     def is_ready(self, name: str, version: str = "") -> bool:
@@ -125,13 +125,18 @@ class ModelManager:
             rec = self.records.get(name)
             if rec is None or (not rec.states and not rec.serving):
                 if not ready_only:
-                    out.append({"name": name, "version": "", "state": "", "reason": ""})
+                    out.append({"name": name})  # known on disk, never loaded (as Triton)
                 continue
             for v, (state, reason) in sorted(rec.states.items()):
                 if ready_only and state != READY:
                     continue
-                out.append({"name": name, "version": str(v) if v else "", "state": state,
-                            "reason": reason})
+                entry = {"name": name}
+                if v >= 0:
+                    entry["version"] = str(v)
+                entry["state"] = state
+                if reason:
+                    entry["reason"] = reason
+                out.append(entry)
         return out
 
     # ------------------------------------------------------------------ start
@@ -180,7 +185,7 @@ class ModelManager:
                 await self._load_locked(rec, model_dir, config_json)
             except ServerError as exc:
                 if not rec.serving:
-                    rec.states = {0: (UNAVAILABLE, str(exc))}
+                    rec.states = {-1: (UNAVAILABLE, str(exc))}
                 raise
         rec.required = True
         for listener in self.load_listeners:

@@ -116,13 +116,16 @@ def normalise(config: mc.ModelConfig, model_dir: Path, versions: list[int]) -> m
                 break
     if config.platform == "ensemble":
         return config
-    if not config.instance_group:
-        group = config.instance_group.add()
+    if config.HasField("dynamic_batching") and config.max_batch_size > 0 and not (
+            config.dynamic_batching.preferred_batch_size):
+        config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    if not config.instance_group:  # auto-filled group is named after the model, as Triton
+        group = config.instance_group.add(name=config.name)
         group.kind = mc.ModelInstanceGroup.KIND_CPU
         group.count = 1
     for i, group in enumerate(config.instance_group):
         if not group.name:
-            group.name = f"{config.name}_{i}" if len(config.instance_group) > 1 else config.name
+            group.name = f"{config.name}_{i}"
         if group.count == 0:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:

@@ -62,7 +62,7 @@ class ServingVersion:
 class ModelRecord:
     name: str
     serving: dict[int, ServingVersion] = field(default_factory=dict)
-    # version (or 0 = the model as a whole) -> (state, reason), for the index
+    # version (or -1 = the model as a whole) -> (state, reason), for the index
     states: dict[int, tuple[str, str]] = field(default_factory=dict)
     latest: ServingVersion | None = None  # highest serving version
     required: bool = False  # counts for strict readiness

@@ -1,0 +1,91 @@
+"""Small raw-HTTP / gRPC helpers shared by the e2e tests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def request(srv: Any, method: str, path: str, body: Any = None,
+            headers: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
+    """Raw request via http.client: the path is sent exactly as given (no normalisation)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=timeout)
+    try:
+        if body is not None and not isinstance(body, (bytes, str)):
+            body = json.dumps(body)
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def post(srv: Any, path: str, body: Any = None, **kw: Any) -> tuple[int, bytes]:
+    return request(srv, "POST", path, body, **kw)
+
+
+def error_text(body: bytes) -> str:
+    return str(json.loads(body)["error"])
+
+
+def index(srv: Any, body: Any = None, method: str = "POST") -> list[dict[str, Any]]:
+    code, raw = request(srv, method, "/v2/repository/index", body)
+    assert code == 200, raw
+    return list(json.loads(raw))
+
+
+def index_entries(srv: Any, name: str) -> list[dict[str, Any]]:
+    return [e for e in index(srv) if e["name"] == name]
+
+
+def fp32_infer_body(value: float, name: str = "INPUT0", batch: int = 1) -> dict[str, Any]:
+    return {"inputs": [{"name": name, "shape": [batch, 1], "datatype": "FP32",
+                        "data": [value] * batch}]}
+
+
+def infer_fp32(srv: Any, model: str, value: float, version: str | None = None,
+               timeout: float = 30.0) -> tuple[int, Any]:
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    code, raw = post(srv, path, fp32_infer_body(value), timeout=timeout)
+    try:
+        return code, json.loads(raw)
+    except ValueError:
+        return code, raw
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 15.0, interval: float = 0.1,
+               what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def http_client(srv: Any, timeout: float = 30.0) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(srv.http, connection_timeout=timeout,
+                                            network_timeout=timeout)
+
+
+def grpc_client(srv: Any) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(srv.grpc)
+
+
+def grpc_fp32_inputs(value: float, name: str = "INPUT0") -> list[grpcclient.InferInput]:
+    i = grpcclient.InferInput(name, [1, 1], "FP32")
+    i.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+    return [i]
+
+
+def grpc_status(exc: InferenceServerException) -> str:
+    """'StatusCode.NOT_FOUND' as tritonclient.grpc reports it."""
+    return str(exc.status())

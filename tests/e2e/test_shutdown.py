@@ -1,0 +1,129 @@
+"""SIGTERM: readiness off and new inference refused on both protocols at once, in-flight work
+finishes (exit 0) or is failed at --exit-timeout-secs (exit 1); no worker process survives."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.zoo import copy_example, sleep_model
+
+
+def _inputs_http(value: float = 1.0):
+    inp = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.full((1, 1), value, np.float32))
+    return [inp]
+
+
+def _add_sub_grpc():
+    a = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    a.set_data_from_numpy(np.ones((1, 4), np.float32))
+    b = grpcclient.InferInput("INPUT1", [1, 4], "FP32")
+    b.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return [a, b]
+
+
+def _in_flight(srv, results: dict) -> threading.Thread:
+    def run() -> None:
+        client = httpclient.InferenceServerClient(srv.http, network_timeout=60)
+        try:
+            res = client.infer("sleep", _inputs_http(7.0))
+            results["value"] = float(res.as_numpy("OUTPUT0")[0, 0])
+        except Exception as exc:  # recorded for the assertion
+            results["error"] = str(exc)
+        finally:
+            client.close()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _wait_pending(srv, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, body = srv.get("/metrics", port=srv.metrics_port)
+        if b'nv_inference_pending_request_count{model="sleep",version="1"} 1.0' in body:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the slow request never became pending")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    r = tmp_path / "repo"
+    r.mkdir()
+    sleep_model(r, ms=2000)
+    copy_example(r, "add_sub")
+    return r
+
+
+def test_sigterm_drains_in_flight_and_refuses_new_work(repo: Path, start_server):
+    srv = start_server(repo, "--model-control-mode=explicit", "--load-model=sleep",
+                       "--load-model=add_sub", "--exit-timeout-secs=20")
+    workers = srv.snapshot_children()
+    assert workers, "python models run in worker processes"
+    results: dict = {}
+    t = _in_flight(srv, results)
+    _wait_pending(srv)
+    srv.proc.send_signal(15)
+    time.sleep(0.3)
+    # readiness is off on both protocols at once
+    assert srv.get("/v2/health/ready")[0] == 400
+    assert srv.get("/v2/health/live")[0] == 200
+    grpc = grpcclient.InferenceServerClient(srv.grpc)
+    assert grpc.is_server_ready() is False
+    # new inference is refused on both protocols, with a clear status
+    http = httpclient.InferenceServerClient(srv.http)
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("add_sub", [])
+    assert e.value.status() == "503" or "503" in str(e.value.status())
+    assert "shutting down" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        grpc.infer("add_sub", _add_sub_grpc())
+    assert e.value.status() == "StatusCode.UNAVAILABLE"
+    assert "shutting down" in e.value.message()
+    # the in-flight request finishes, then the process exits 0
+    t.join(30)
+    assert results == {"value": 7.0}
+    assert srv.proc.wait(30) == 0
+    assert srv.leftover_children() == []
+    http.close()
+    grpc.close()
+
+
+def test_work_outlasting_exit_timeout_is_failed_and_exit_is_nonzero(tmp_path: Path, start_server):
+    r = tmp_path / "repo"
+    r.mkdir()
+    sleep_model(r, ms=8000)
+    srv = start_server(r, "--model-control-mode=explicit", "--load-model=sleep",
+                       "--exit-timeout-secs=1")
+    srv.snapshot_children()
+    results: dict = {}
+    t = _in_flight(srv, results)
+    _wait_pending(srv)
+    t0 = time.monotonic()
+    srv.proc.send_signal(15)
+    rc = srv.proc.wait(20)
+    elapsed = time.monotonic() - t0
+    t.join(10)
+    assert not t.is_alive(), "the in-flight request must not hang"
+    assert "error" in results and "value" not in results
+    assert rc == 1
+    assert elapsed < 6, f"exit took {elapsed:.1f}s with --exit-timeout-secs=1"
+    assert srv.leftover_children() == []
+
+
+def test_sigint_idle_server_exits_zero(repo: Path, start_server):
+    srv = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub")
+    srv.snapshot_children()
+    srv.proc.send_signal(2)
+    assert srv.proc.wait(20) == 0
+    assert srv.leftover_children() == []
