@@ -22,7 +22,10 @@ _LABELS = ["model", "version"]
 
 
 def _counter(name: str, doc: str) -> Metric:
-    return Metric(name, doc, "counter")
+    # Triton's counters are exposed without the "_total" suffix. prometheus_client renames a
+    # "counter" family to "<name>_total" in the HELP/TYPE lines, which would no longer match
+    # the sample names; "unknown" keeps the family and sample names identical (TYPE untyped).
+    return Metric(name, doc, "unknown")
 
 
 class TritonCollector(Collector):

@@ -192,25 +192,29 @@ class Tensor:
     __slots__ = ("_name", "_array", "_triton_dtype")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
-        if not isinstance(numpy_array, np.ndarray):
+        if type(numpy_array) is not np.ndarray:
             numpy_array = np.asarray(numpy_array)
-        if numpy_array.dtype.kind in ("U", "V"):
-            raise TritonModelException(
-                "Tensor dtype used for numpy_array is not supported by the Python backend;"
-                " use np.object_ (or np.bytes_) instead"
-            )
-        if triton_dtype is not None:
+        if triton_dtype is None:
+            triton_dtype = _DTYPE_TO_CODE.get(numpy_array.dtype)
+            if triton_dtype is None:
+                kind = numpy_array.dtype.kind
+                if kind == "S":
+                    triton_dtype = 13
+                elif kind in ("U", "V"):
+                    raise TritonModelException(
+                        "Tensor dtype used for numpy_array is not supported by the Python"
+                        " backend; use np.object_ (or np.bytes_) instead"
+                    )
+                else:
+                    raise TritonModelException(
+                        f"Tensor '{name}': numpy dtype {numpy_array.dtype} is not supported"
+                    )
+        else:
             np_type = triton_to_numpy_type(triton_dtype)
             if np_type is None:
                 raise TritonModelException(f"unknown triton_dtype {triton_dtype}")
             if numpy_array.dtype != np.dtype(np_type):
                 numpy_array = numpy_array.view(np_type)
-        else:
-            triton_dtype = numpy_to_triton_type(numpy_array.dtype)
-            if triton_dtype is None:
-                raise TritonModelException(
-                    f"Tensor '{name}': numpy dtype {numpy_array.dtype} is not supported"
-                )
         self._name = name
         self._array = numpy_array
         self._triton_dtype = triton_dtype

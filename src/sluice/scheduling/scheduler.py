@@ -77,6 +77,9 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._idle_event: asyncio.Event | None = None
+        # preserve_ordering: batches deliver their responses in dispatch order.
+        self._ordered = bool(db and db.preserve_ordering)
+        self._order: deque[list[Any]] = deque()  # [jobs, results | None]
         self._loop = asyncio.get_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -136,7 +139,11 @@ class Scheduler:
     def _start(self, jobs: list[Job]) -> None:
         inst = self._idle.pop()
         self._running += 1
-        task = self._loop.create_task(self._run(inst, jobs))
+        slot: list[Any] | None = None
+        if self._ordered:
+            slot = [jobs, None]
+            self._order.append(slot)
+        task = self._loop.create_task(self._run(inst, jobs, slot))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -181,7 +188,7 @@ class Scheduler:
                 self._queues[level] = keep
 
     # --------------------------------------------------------------------- run
-    async def _run(self, inst: ModelInstance, jobs: list[Job]) -> None:
+    async def _run(self, inst: ModelInstance, jobs: list[Job], slot: list[Any] | None) -> None:
         start = time.monotonic_ns()
         stats = self.stats
         for job in jobs:
@@ -204,6 +211,18 @@ class Scheduler:
         finally:
             self._idle.append(inst)
             self._running -= 1
+        if slot is None:
+            self._deliver(jobs, results)
+        else:
+            slot[1] = results
+            order = self._order
+            while order and order[0][1] is not None:
+                done_jobs, done_results = order.popleft()
+                self._deliver(done_jobs, done_results)
+        self._dispatch()
+        self._maybe_idle()
+
+    def _deliver(self, jobs: list[Job], results: list[Any]) -> None:
         for job, res in zip(jobs, results, strict=True):
             fut = job.future
             if not fut.done():
@@ -211,14 +230,12 @@ class Scheduler:
                     fut.set_exception(res)
                 else:
                     fut.set_result(res)
-        stats.pending -= len(jobs)
-        self._dispatch()
-        self._maybe_idle()
+        self.stats.pending -= len(jobs)
 
     # ------------------------------------------------------------------- drain
     @property
     def in_flight(self) -> int:
-        return self._queued + self._running + len(self._delayed)
+        return self._queued + self._running + len(self._delayed) + len(self._order)
 
     def _maybe_idle(self) -> None:
         if self._idle_event is not None and self.in_flight == 0:

@@ -57,11 +57,12 @@ def describe_exit(exitcode: int | None) -> str:
 class _Child:
     """One spawned process and its pipe; a restart makes a new one."""
 
-    __slots__ = ("proc", "conn", "ready", "exited")
+    __slots__ = ("proc", "conn", "tx", "ready", "exited")
 
-    def __init__(self, proc: Any, conn: Connection) -> None:
+    def __init__(self, proc: Any, conn: Connection, tx: Connection) -> None:
         self.proc = proc
-        self.conn = conn
+        self.conn = conn  # replies from the worker
+        self.tx = tx  # messages to the worker
         self.ready = False
         self.exited = False
 
@@ -131,7 +132,7 @@ class WorkerClient:
         fut = loop.create_future()
         self._pending[msg.id] = fut
         try:
-            child.conn.send_bytes(encode(msg))
+            child.tx.send_bytes(encode(msg))
         except OSError:
             pass  # the worker died; the exit handler fails ``fut`` with the reason
         try:
@@ -162,7 +163,7 @@ class WorkerClient:
                 msg_id = self.next_id()
                 self._pending[msg_id] = fut
                 try:
-                    child.conn.send_bytes(encode(Stop(msg_id)))
+                    child.tx.send_bytes(encode(Stop(msg_id)))
                     await asyncio.wait_for(asyncio.shield(fut), self.stop_timeout)
                 except (TimeoutError, OSError, ServerError):
                     pass
@@ -187,19 +188,24 @@ class WorkerClient:
 
     async def _spawn(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
-        parent_conn, child_conn = _CTX.Pipe(duplex=True)
+        parent_rx, child_tx, child_rx, parent_tx = _pipes()
         proc = _CTX.Process(
             target=worker_main,
-            args=(child_conn, self.setup),
+            args=(child_rx, child_tx, self.setup),
             name=f"sluice-{self.setup.instance_name}",
             daemon=True,
         )
-        proc.start()
-        child_conn.close()  # so that the worker's death reads as EOF here
-        child = self._child = _Child(proc, parent_conn)
+        try:
+            proc.start()
+        finally:
+            # Only the worker may hold its ends: its death then reads as EOF here, and
+            # ours closing (the server died) reads as EOF there.
+            child_rx.close()
+            child_tx.close()
+        child = self._child = _Child(proc, parent_rx, parent_tx)
         fut = loop.create_future()
         self._pending[0] = fut
-        loop.add_reader(parent_conn.fileno(), self._on_readable, child)
+        loop.add_reader(parent_rx.fileno(), self._on_readable, child)
         loop.add_reader(proc.sentinel, self._on_exit, child)
         try:
             reply = await fut
@@ -291,6 +297,8 @@ class WorkerClient:
         _kill(child.proc)
         with contextlib.suppress(Exception):
             child.conn.close()
+        with contextlib.suppress(Exception):
+            child.tx.close()
 
     def _fail_pending(self, exc: ServerError) -> None:
         pending, self._pending = self._pending, {}
@@ -319,6 +327,13 @@ def _kill(proc: Any) -> None:
         proc.close()
 
 
+def _pipes() -> tuple[Connection, Connection, Connection, Connection]:
+    """(parent reads, worker writes), (worker reads, parent writes)."""
+    up_r, up_w = _CTX.Pipe(duplex=False)
+    down_r, down_w = _CTX.Pipe(duplex=False)
+    return up_r, up_w, down_r, down_w
+
+
 def _consume_exception(task: asyncio.Future[None]) -> None:
     if not task.cancelled():
         task.exception()
@@ -330,10 +345,13 @@ def run_auto_complete(setup: WorkerSetup, timeout: float = 120.0) -> str:
     Blocking (the ``Backend.auto_complete`` contract is synchronous): call it from a thread
     when an event loop is running.
     """
-    parent_conn, child_conn = _CTX.Pipe(duplex=True)
-    proc = _CTX.Process(target=worker_main, args=(child_conn, setup), daemon=True)
-    proc.start()
-    child_conn.close()
+    parent_conn, child_tx, child_rx, parent_tx = _pipes()
+    proc = _CTX.Process(target=worker_main, args=(child_rx, child_tx, setup), daemon=True)
+    try:
+        proc.start()
+    finally:
+        child_rx.close()
+        child_tx.close()
     label = f"python model '{setup.model_name}'"
     try:
         if not parent_conn.poll(timeout):
@@ -358,6 +376,7 @@ def run_auto_complete(setup: WorkerSetup, timeout: float = 120.0) -> str:
         return reply.config_json
     finally:
         parent_conn.close()
+        parent_tx.close()
         proc.join(5.0)
         if proc.exitcode is None:
             proc.kill()

@@ -42,6 +42,24 @@ from .messages import (
 
 __all__ = ["worker_main", "load_pb_utils", "format_failure"]
 
+# index = Triton data type code (TYPE_INVALID=0 ... TYPE_STRING=13)
+_KSERVE_BY_CODE = (
+    "",
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+)
+
 _PB_UTILS_FILE = (
     Path(__file__).resolve().parent.parent / "backends" / "triton_python_backend_utils.py"
 )
@@ -95,8 +113,12 @@ def _import_model(setup: WorkerSetup) -> Any:
     return cls
 
 
-def worker_main(conn: Connection, setup: WorkerSetup) -> None:
-    """Entry point of the spawned process."""
+def worker_main(rx: Connection, tx: Connection, setup: WorkerSetup) -> None:
+    """Entry point of the spawned process: ``rx`` brings messages, ``tx`` takes replies.
+
+    Two one-way pipes rather than one duplex socketpair: a pipe round trip is ~10-20 us
+    cheaper (measured with uvloop on the 2-core dev box).
+    """
     for key, value in setup.env:
         os.environ[key] = value
     # The server handles Ctrl-C and stops workers in order; a stray SIGINT from the
@@ -104,9 +126,9 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pb_utils = load_pb_utils()
     if setup.mode == "auto_complete":
-        _auto_complete(conn, setup, pb_utils)
+        _auto_complete(tx, setup, pb_utils)
         return
-    _Worker(conn, setup, pb_utils).run()
+    _Worker(rx, tx, setup, pb_utils).run()
 
 
 def _auto_complete(conn: Connection, setup: WorkerSetup, pb_utils: ModuleType) -> None:
@@ -129,38 +151,22 @@ def _auto_complete(conn: Connection, setup: WorkerSetup, pb_utils: ModuleType) -
 
 
 class _Worker:
-    def __init__(self, conn: Connection, setup: WorkerSetup, pb_utils: ModuleType) -> None:
-        from .shm import ArenaReader, ArenaWriter, datatype_of
+    def __init__(
+        self, rx: Connection, tx: Connection, setup: WorkerSetup, pb_utils: ModuleType
+    ) -> None:
+        from .shm import ArenaReader, ArenaWriter
 
-        self.conn = conn
+        self.rx = rx
+        self.tx = tx
         self.setup = setup
         self.pb = pb_utils
         self.reader = ArenaReader()
         # The pid keeps a restarted worker's names apart from a dead predecessor's.
         self.writer = ArenaWriter(setup.shm_prefix, f"o{os.getpid()}_")
-        self.datatype_of = datatype_of
         self.model: Any = None
         self.orphaned = False
-        import numpy as np
-
-        self._code_of = {
-            name: pb_utils.numpy_to_triton_type(np.dtype(dt) if name != "BYTES" else np.object_)
-            for name, dt in (
-                ("BOOL", np.bool_),
-                ("UINT8", np.uint8),
-                ("UINT16", np.uint16),
-                ("UINT32", np.uint32),
-                ("UINT64", np.uint64),
-                ("INT8", np.int8),
-                ("INT16", np.int16),
-                ("INT32", np.int32),
-                ("INT64", np.int64),
-                ("FP16", np.float16),
-                ("FP32", np.float32),
-                ("FP64", np.float64),
-                ("BYTES", np.object_),
-            )
-        }
+        # KServe datatype <-> Triton data type code (pb_utils.Tensor.triton_dtype()).
+        self._code_of = {name: code for code, name in enumerate(_KSERVE_BY_CODE) if code}
 
     def run(self) -> None:
         setup = self.setup
@@ -182,17 +188,17 @@ class _Worker:
                 )
         except BaseException as exc:  # noqa: BLE001 - reported to the server, then exit
             traceback.print_exc()
-            self.conn.send_bytes(encode(InitFailed(0, format_failure(exc, setup.model_file))))
+            self.tx.send_bytes(encode(InitFailed(0, format_failure(exc, setup.model_file))))
             self._cleanup()
             return
-        self.conn.send_bytes(encode(Ready(0, os.getpid())))
+        self.tx.send_bytes(encode(Ready(0, os.getpid())))
         try:
             self._loop()
         finally:
             self._cleanup()
 
     def _loop(self) -> None:
-        recv, send = self.conn.recv_bytes, self.conn.send_bytes
+        recv, send = self.rx.recv_bytes, self.tx.send_bytes
         while True:
             try:
                 data = recv()
@@ -224,10 +230,11 @@ class _Worker:
         self.reader.close()
         if self.orphaned:
             unlink_prefix(self.setup.shm_prefix)
-        try:
-            self.conn.close()
-        except OSError:
-            pass
+        for conn in (self.rx, self.tx):
+            try:
+                conn.close()
+            except OSError:
+                pass
 
     def _execute(self, msg: Execute) -> ExecuteReply:
         pb = self.pb
@@ -238,6 +245,7 @@ class _Worker:
         model_name = self.setup.model_name
         model_version = self.setup.model_version
         clock = time.perf_counter_ns
+        kserve_by_code = _KSERVE_BY_CODE
 
         t0 = clock()
         self.reader.attach(msg.arena)
@@ -301,10 +309,9 @@ class _Worker:
                     name = t._name
                     if wanted and name not in wanted:
                         continue
-                    arr = t._array
-                    to_write.append((name, arr, self.datatype_of(arr)))
+                    to_write.append((name, t._array, kserve_by_code[t._triton_dtype]))
                     k += 1
-            except (AttributeError, TypeError) as exc:
+            except (AttributeError, TypeError, IndexError) as exc:
                 del to_write[len(to_write) - k :]
                 results.append((pb.TritonError.INTERNAL, f"bad output tensor: {exc}"))
                 counts.append(-1)

@@ -175,29 +175,33 @@ class ArenaWriter:
 
     def write(self, tensors: Sequence[tuple[str, np.ndarray, str]]) -> tuple[TensorRef, ...]:
         """Lay out ``(name, array, datatype)`` tensors; grow first when they do not fit."""
-        plan: list[tuple[str, np.ndarray | bytes, str, int, int]] = []
+        spans: list[tuple[int, int, bytes | None]] = []
         offset = 0
-        for name, array, datatype in tensors:
+        for _, array, datatype in tensors:
             if datatype == "BYTES":
-                data: np.ndarray | bytes = _serialize_bytes(array)
-                nbytes = len(data)
+                blob: bytes | None = _serialize_bytes(array)
+                nbytes = len(blob)  # type: ignore[arg-type]
             else:
-                data = array
+                blob = None
                 nbytes = array.nbytes
-            plan.append((name, data, datatype, offset, nbytes))
+            spans.append((offset, nbytes, blob))
             offset += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         if offset > self.size or self._buf is None:
             self._grow(offset)
         buf = self._buf
         assert buf is not None
         refs: list[TensorRef] = []
-        for (name, data, datatype, off, nbytes), (_, array, _) in zip(plan, tensors, strict=True):
-            if isinstance(data, bytes):
-                buf[off : off + nbytes] = data
+        for (name, array, datatype), (off, nbytes, blob) in zip(tensors, spans, strict=True):
+            if blob is not None:
+                buf[off : off + nbytes] = blob
             elif nbytes:
-                dst = np.ndarray(array.shape, array.dtype, buffer=buf, offset=off)
-                np.copyto(dst, array, casting="no")
-            refs.append((name, datatype, tuple(array.shape), off, nbytes))
+                if array.flags.c_contiguous:
+                    # a plain memcpy; ~3x cheaper than building an ndarray over the arena
+                    buf[off : off + nbytes] = memoryview(array).cast("B")  # type: ignore[arg-type]
+                else:
+                    dst = np.ndarray(array.shape, array.dtype, buffer=buf, offset=off)
+                    np.copyto(dst, array, casting="no")
+            refs.append((name, datatype, array.shape, off, nbytes))
         return tuple(refs)
 
     def close(self, unlink: bool = True) -> None:
