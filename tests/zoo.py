@@ -213,3 +213,15 @@ def versioned_model(repo: Path, name: str, versions: list[int], policy: str = ""
         {policy}
         """))
     return mdir
+
+
+def fail_model_batched(repo: Path, name: str = "faulty_batched", delay_us: int = 300000) -> Path:
+    """``fail_model`` with dynamic batching: concurrent requests reach execute() together."""
+    return write_model(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
+        """, FAIL_PY)

@@ -11,15 +11,11 @@ Shutdown (SIGTERM / SIGINT), as an ordered procedure:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import uvicorn
 
 from .backends import python as _python_backend  # noqa: F401  (registers the backend)
 from .config import ServerConfig
@@ -31,32 +27,14 @@ __all__ = ["Server", "run"]
 log = logging.getLogger("sluice")
 
 
-class _UvicornServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the sluice Server owns shutdown."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def install_signal_handlers(self) -> None:  # older uvicorn
-        return None
-
-
-def _uvicorn(app: Any, host: str, port: int) -> _UvicornServer:
-    cfg = uvicorn.Config(app, host=host, port=port, loop="none", http="httptools",
-                         lifespan="off", access_log=False, log_level="warning",
-                         timeout_graceful_shutdown=2, backlog=2048)
-    return _UvicornServer(cfg)
-
-
 class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.manager = ModelManager(config)
         self.service = InferenceService(config, self.manager)
         self._stop = asyncio.Event()
-        self._http: _UvicornServer | None = None
-        self._metrics: _UvicornServer | None = None
+        self._http: Any = None
+        self._metrics: Any = None
         self._grpc: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.http_port = config.http_port
@@ -69,36 +47,23 @@ class Server:
 
     async def _start_frontends(self) -> None:
         from .frontends.grpc_api import start_grpc_server
-        from .frontends.http_api import HttpFrontend
+        from .frontends.http_api import HttpFrontend, start_http_server
+        from .frontends.metrics_api import metrics_app
 
         cfg = self.config
-        loop = asyncio.get_running_loop()
         if cfg.allow_http:
-            self._http = _uvicorn(HttpFrontend(self.service), cfg.http_address, cfg.http_port)
-            self._tasks.append(loop.create_task(self._http.serve()))
+            self._http, task, self.http_port = await start_http_server(
+                HttpFrontend(self.service), cfg.http_address, cfg.http_port,
+                timeout_graceful_shutdown=2)
+            self._tasks.append(task)
         if cfg.allow_grpc:
             self._grpc, self.grpc_port = await start_grpc_server(
                 self.service, cfg.grpc_address, cfg.grpc_port)
         if cfg.allow_metrics:
-            from .frontends.metrics_api import metrics_app
-
-            self._metrics = _uvicorn(metrics_app(self.manager, cfg.allow_cpu_metrics),
-                                     cfg.metrics_address, cfg.metrics_port)
-            self._tasks.append(loop.create_task(self._metrics.serve()))
-        for srv in (self._http, self._metrics):
-            if srv is None:
-                continue
-            while not srv.started:
-                if any(t.done() for t in self._tasks):
-                    for t in self._tasks:
-                        if t.done() and t.exception():
-                            raise t.exception()  # type: ignore[misc]
-                    raise SystemExit(f"sluice: could not start the HTTP server on {cfg.http_address}")
-                await asyncio.sleep(0.01)
-        if self._http is not None:
-            self.http_port = _bound_port(self._http, cfg.http_port)
-        if self._metrics is not None:
-            self.metrics_port = _bound_port(self._metrics, cfg.metrics_port)
+            self._metrics, task, self.metrics_port = await start_http_server(
+                metrics_app(self.manager, cfg.allow_cpu_metrics), cfg.metrics_address,
+                cfg.metrics_port, timeout_graceful_shutdown=1)
+            self._tasks.append(task)
         log.info("HTTP on %s:%s, gRPC on %s:%s, metrics on %s:%s", cfg.http_address,
                  self.http_port, cfg.grpc_address, self.grpc_port, cfg.metrics_address,
                  self.metrics_port)
@@ -137,13 +102,6 @@ class Server:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
         return 0 if drained else 1
-
-
-def _bound_port(srv: uvicorn.Server, fallback: int) -> int:
-    for s in getattr(srv, "servers", []) or []:
-        for sock in s.sockets:
-            return int(sock.getsockname()[1])
-    return fallback
 
 
 def _setup_logging(verbose: int) -> None:

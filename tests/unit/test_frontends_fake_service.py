@@ -438,3 +438,21 @@ def test_repository(http: Any, grpc_: Any, servers: Servers) -> None:
         servers, "POST", "/v2/repository/models/x/load", b'{"parameters": {"file:1/m": "!!"}}'
     )
     assert code == 400 and "base64" in body["error"]
+
+
+def test_large_tensors_both_protocols(http: Any, grpc_: Any) -> None:
+    big = np.random.default_rng(0).random((1 << 20, 4), dtype=np.float32)  # 16 MiB per input
+    ins = []
+    for n in ("INPUT0", "INPUT1"):
+        i = httpclient.InferInput(n, list(big.shape), "FP32")
+        i.set_data_from_numpy(big, binary_data=True)
+        ins.append(i)
+    r = http.infer("add_sub", ins)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), big + big)
+    gins = []
+    for n in ("INPUT0", "INPUT1"):
+        g = grpcclient.InferInput(n, list(big.shape), "FP32")
+        g.set_data_from_numpy(big)
+        gins.append(g)
+    r = grpc_.infer("add_sub", gins)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), big - big)

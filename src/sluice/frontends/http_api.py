@@ -217,7 +217,23 @@ class HttpFrontend:
                 await send({"type": "websocket.close", "code": 1003})
             return
         try:
-            status, body, headers = await self._dispatch(scope, receive)
+            raw: bytes = scope.get("raw_path") or scope["path"].encode()
+            parts = raw.split(b"/")
+            n = len(parts)
+            # Hot path, matched here to save a coroutine hop: POST /v2/models/<m>[/versions/<v>]/infer
+            if (
+                parts[-1] == b"infer"
+                and (n == 5 or (n == 7 and parts[4] == b"versions"))
+                and parts[2] == b"models"
+                and parts[1] == b"v2"
+                and parts[0] == b""
+                and scope["method"] == "POST"
+            ):
+                status, body, headers = await self._infer(
+                    scope, receive, _seg(parts[3]), _seg(parts[5]) if n == 7 else ""
+                )
+            else:
+                status, body, headers = await self._dispatch(scope, receive, parts)
         except _Disconnected:
             return
         except _MethodNotAllowed as exc:
@@ -237,9 +253,7 @@ class HttpFrontend:
         )
         await send({"type": "http.response.body", "body": body})
 
-    async def _dispatch(self, scope: Scope, receive: Receive) -> Result:
-        raw: bytes = scope.get("raw_path") or scope["path"].encode()
-        parts = raw.split(b"/")
+    async def _dispatch(self, scope: Scope, receive: Receive, parts: list[bytes]) -> Result:
         n = len(parts)
         if n and parts[-1] == b"" and n > 2:  # tolerate one trailing slash
             parts.pop()
@@ -247,15 +261,13 @@ class HttpFrontend:
         method: str = scope["method"]
         if n < 2 or parts[0] != b"" or parts[1] != b"v2":
             return _error(404, f"no route for {scope['path']}")
-        # Hot path first: POST /v2/models/<m>[/versions/<v>]/infer
         if parts[-1] == b"infer" and n in (5, 7) and parts[2] == b"models":
-            if method != "POST":
-                raise _MethodNotAllowed("POST")
-            if n == 5:
-                return await self._infer(scope, receive, _seg(parts[3]), "")
-            if parts[4] == b"versions":
-                return await self._infer(scope, receive, _seg(parts[3]), _seg(parts[5]))
-            return _error(404, f"no route for {scope['path']}")
+            if n == 7 and parts[4] != b"versions":
+                return _error(404, f"no route for {scope['path']}")
+            _only(method, "POST")
+            return await self._infer(
+                scope, receive, _seg(parts[3]), _seg(parts[5]) if n == 7 else ""
+            )
         if n == 2:
             _only(method, "GET")
             return _json(self.service.server_metadata())

@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 _OBJECT = np.dtype(np.object_)
+_Response = pb.ModelInferResponse
+_OutTensor = pb.ModelInferResponse.InferOutputTensor
 _KNOWN = ", ".join(KSERVE_TO_NUMPY)
 
 # datatype -> the InferTensorContents field that carries it (FP16/BF16 only travel raw).
@@ -137,14 +139,15 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
             raise InvalidArgument(
                 f"input '{name}': unknown 'datatype' {datatype!r}; expected one of {_KNOWN}"
             )
-        shape = tuple(tin.shape)
+        shape = tin.shape[:]  # slicing copies to a list far faster than iterating (upb)
         for d in shape:
             if d < 0:
                 raise InvalidArgument(
                     f"input '{name}': 'shape' must hold non-negative integers, got {list(shape)}"
                 )
         count = math.prod(shape)
-        if tin.parameters and "shared_memory_region" in tin.parameters:
+        tparams = tin.parameters
+        if tparams and "shared_memory_region" in tparams:
             raise Unsupported(
                 f"input '{name}': shared memory inputs are not supported by this server"
             )
@@ -161,7 +164,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
                         f"input '{name}': raw_input_contents[{i}] holds {len(raw)} bytes but "
                         f"shape {list(shape)} of {datatype} requires {expect}"
                     )
-                arr = np.frombuffer(raw, dtype=dt) if count else np.empty(0, dtype=dt)
+                arr = np.frombuffer(raw, dt) if count else np.empty(0, dt)
         else:
             arr = _typed_contents(name, datatype, tin, count)
         if len(shape) != 1:
@@ -199,7 +202,7 @@ def _raw(datatype: str, arr: np.ndarray) -> bytes:
         raise InvalidArgument(f"unknown datatype {datatype!r}")
     if arr.dtype != want:
         arr = arr.astype(want)
-    return arr.tobytes()
+    return arr.tobytes()  # protobuf bytes fields take bytes only: one copy
 
 
 # --------------------------------------------------------------------------- infer response
@@ -212,14 +215,8 @@ def encode_infer_response(
     dtypes = response.output_datatypes
     wanted = request.outputs if request is not None else None
     names: Iterable[str] = outs if wanted is None else [s.name for s in wanted if s.name in outs]
-    msg = pb.ModelInferResponse(
-        model_name=response.model_name,
-        model_version=response.model_version,
-        id=response.id,
-    )
     tensors = []
     raws = []
-    Tensor = pb.ModelInferResponse.InferOutputTensor
     for name in names:
         arr = outs[name]
         datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
@@ -227,10 +224,16 @@ def encode_infer_response(
             raise InvalidArgument(
                 f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
             )
-        tensors.append(Tensor(name=name, datatype=datatype, shape=arr.shape))
+        tensors.append(_OutTensor(name=name, datatype=datatype, shape=arr.shape))
         raws.append(_raw(datatype, arr))
-    msg.outputs.extend(tensors)
-    msg.raw_output_contents.extend(raws)
+    # one constructor call: far cheaper than extend()/add() on upb repeated fields
+    msg = _Response(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id,
+        outputs=tensors,
+        raw_output_contents=raws,
+    )
     if response.parameters:
         dict_to_params(response.parameters, msg.parameters)
     return msg

@@ -1,0 +1,162 @@
+"""Part 7, the Python backend: errors in execute, per-request TritonError, dead workers, instances."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.helpers import (error_text, grpc_client, grpc_fp32_inputs, grpc_status,
+                               infer_fp32, post, wait_until)
+from tests.zoo import fail_model, fail_model_batched, identity, sleep_model
+
+MODELS = ("faulty", "faulty_batched", "other", "sleeper")
+
+
+@pytest.fixture(scope="module")
+def srv(module_server, module_repo: Path):
+    fail_model(module_repo, "faulty")
+    fail_model_batched(module_repo, "faulty_batched")
+    identity(module_repo, "other")
+    sleep_model(module_repo, "sleeper", ms=20)
+    sleep_model(module_repo, "two", ms=1000, count=2)
+    return module_server(module_repo, "--model-control-mode=explicit",
+                         *(f"--load-model={m}" for m in MODELS))
+
+
+def _workers(srv) -> set[int]:
+    procs = psutil.Process(srv.proc.pid).children(recursive=True)
+    return {p.pid for p in procs
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            and "resource_tracker" not in " ".join(p.cmdline())}
+
+
+def test_execute_raises_fails_that_request_only_http(srv):
+    code, out = infer_fp32(srv, "faulty", 13.0)
+    assert code == 500, out
+    assert "unlucky input 13" in out["error"]
+    code, out = infer_fp32(srv, "faulty", 1.0)
+    assert code == 200 and out["outputs"][0]["data"] == [1.0], out
+
+
+def test_execute_raises_fails_that_request_only_grpc(srv):
+    c = grpc_client(srv)
+    try:
+        with pytest.raises(InferenceServerException) as ei:
+            c.infer("faulty", grpc_fp32_inputs(13.0))
+        assert grpc_status(ei.value) == "StatusCode.INTERNAL"
+        assert "unlucky input 13" in ei.value.message()
+        assert c.infer("faulty", grpc_fp32_inputs(2.0)).as_numpy("OUTPUT0").tolist() == [[2.0]]
+    finally:
+        c.close()
+
+
+def test_triton_error_response_fails_only_its_request_in_a_batch(srv):
+    values = [1.0, -1.0, 2.0, 3.0]
+    with ThreadPoolExecutor(len(values)) as ex:
+        results = list(ex.map(lambda v: infer_fp32(srv, "faulty_batched", v), values))
+    for v, (code, out) in zip(values, results):
+        if v < 0:
+            assert code == 500, out
+            assert out["error"] == "negative input not allowed"
+        else:
+            assert code == 200 and out["outputs"][0]["data"] == [v], (v, out)
+    code, raw = srv.get("/v2/models/faulty_batched/stats")
+    if code == 200:
+        st = json.loads(raw)["model_stats"][0]
+        assert st["execution_count"] < st["inference_count"] + 1, st  # batched together
+    c = grpc_client(srv)
+    try:
+        with pytest.raises(InferenceServerException) as ei:
+            c.infer("faulty_batched", grpc_fp32_inputs(-5.0))
+        assert grpc_status(ei.value) == "StatusCode.INTERNAL"
+        assert "negative input not allowed" in ei.value.message()
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_killed_worker_fails_its_request_and_is_restarted(srv, protocol):
+    before = _workers(srv)
+    stop = threading.Event()
+    other_errors: list = []
+    other_ok = [0]
+
+    def other_loop() -> None:
+        while not stop.is_set():
+            for m in ("other", "sleeper"):
+                code, out = post(srv, f"/v2/models/{m}/infer", {"inputs": [
+                    {"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [4.0]}]})
+                if code == 200:
+                    other_ok[0] += 1
+                else:
+                    other_errors.append((m, code, out))
+
+    t = threading.Thread(target=other_loop)
+    t.start()
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        if protocol == "http":
+            code, out = infer_fp32(srv, "faulty", 666.0, timeout=30)
+            assert code == 500, out
+            msg = out["error"]
+        else:
+            c = grpc_client(srv)
+            try:
+                with pytest.raises(InferenceServerException) as ei:
+                    c.infer("faulty", grpc_fp32_inputs(666.0), client_timeout=30)
+                assert grpc_status(ei.value) == "StatusCode.INTERNAL"
+                msg = ei.value.message()
+            finally:
+                c.close()
+        assert time.monotonic() - t0 < 10
+        assert "worker" in msg.lower(), msg
+        # The model serves again within a few seconds (a new worker process).
+        wait_until(lambda: infer_fp32(srv, "faulty", 1.0, timeout=10)[0] == 200, timeout=10,
+                   interval=0.2, what="faulty served again")
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        t.join(30)
+    assert other_errors == []
+    assert other_ok[0] > 0
+    assert srv.get("/v2/models/faulty/ready")[0] == 200
+    after = _workers(srv)
+    assert len(after) == len(before), (before, after)
+    assert after != before, "the dead worker was replaced by a new process"
+
+
+def test_instance_group_count_two_runs_two_worker_processes(srv):
+    before = _workers(srv)
+    code, raw = post(srv, "/v2/repository/models/two/load")
+    assert code == 200, raw
+    try:
+        added = _workers(srv) - before
+        assert len(added) == 2, added
+        # Both instances execute at once: two 1 s requests take about 1 s, not 2 s.
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(2) as ex:
+            results = list(ex.map(lambda v: infer_fp32(srv, "two", v), [1.0, 2.0]))
+        elapsed = time.monotonic() - t0
+        assert [r[0] for r in results] == [200, 200], results
+        assert elapsed < 1.8, elapsed
+    finally:
+        assert post(srv, "/v2/repository/models/two/unload")[0] == 200
+    wait_until(lambda: len(_workers(srv) - before) == 0, timeout=15,
+               what="the two workers exit after unload")
+    for pid in added:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_model_error_then_everything_still_serves(srv):
+    for m in MODELS:
+        code, out = infer_fp32(srv, m, 1.0)
+        assert code == 200, (m, out)
+    assert error_text(post(srv, "/v2/models/faulty/infer", {"inputs": []})[1])
