@@ -14,8 +14,14 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 
-def request(srv: Any, method: str, path: str, body: Any = None,
-            headers: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
+def request(
+    srv: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, bytes]:
     """Raw request via http.client: the path is sent exactly as given (no normalisation)."""
     conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=timeout)
     try:
@@ -47,12 +53,14 @@ def index_entries(srv: Any, name: str) -> list[dict[str, Any]]:
 
 
 def fp32_infer_body(value: float, name: str = "INPUT0", batch: int = 1) -> dict[str, Any]:
-    return {"inputs": [{"name": name, "shape": [batch, 1], "datatype": "FP32",
-                        "data": [value] * batch}]}
+    return {
+        "inputs": [{"name": name, "shape": [batch, 1], "datatype": "FP32", "data": [value] * batch}]
+    }
 
 
-def infer_fp32(srv: Any, model: str, value: float, version: str | None = None,
-               timeout: float = 30.0) -> tuple[int, Any]:
+def infer_fp32(
+    srv: Any, model: str, value: float, version: str | None = None, timeout: float = 30.0
+) -> tuple[int, Any]:
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
     code, raw = post(srv, path, fp32_infer_body(value), timeout=timeout)
     try:
@@ -61,8 +69,9 @@ def infer_fp32(srv: Any, model: str, value: float, version: str | None = None,
         return code, raw
 
 
-def wait_until(pred: Callable[[], bool], timeout: float = 15.0, interval: float = 0.1,
-               what: str = "condition") -> None:
+def wait_until(
+    pred: Callable[[], bool], timeout: float = 15.0, interval: float = 0.1, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -72,8 +81,9 @@ def wait_until(pred: Callable[[], bool], timeout: float = 15.0, interval: float 
 
 
 def http_client(srv: Any, timeout: float = 30.0) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(srv.http, connection_timeout=timeout,
-                                            network_timeout=timeout)
+    return httpclient.InferenceServerClient(
+        srv.http, connection_timeout=timeout, network_timeout=timeout
+    )
 
 
 def grpc_client(srv: Any) -> grpcclient.InferenceServerClient:

@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import (error_text, grpc_client, grpc_fp32_inputs, index_entries,
-                               infer_fp32, post)
+from tests.e2e.helpers import (
+    error_text,
+    grpc_client,
+    grpc_fp32_inputs,
+    index_entries,
+    infer_fp32,
+    post,
+)
 from tests.zoo import sleep_model, slow_init_model, versioned_model
 
 INIT_RAISES_PY = """
@@ -26,9 +32,13 @@ class TritonPythonModel:
 
 
 def _cfg(name: str, **over) -> dict:
-    cfg = {"name": name, "backend": "python", "max_batch_size": 8,
-           "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
-           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}]}
+    cfg = {
+        "name": name,
+        "backend": "python",
+        "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
     cfg.update(over)
     return cfg
 
@@ -38,8 +48,13 @@ def srv(module_server, module_repo: Path):
     versioned_model(module_repo, "a", [1])
     slow_init_model(module_repo, "slow_init", init_s=2.0)
     sleep_model(module_repo, "slow_exec", ms=1500)
-    return module_server(module_repo, "--model-control-mode=explicit", "--load-model=a",
-                         "--load-model=slow_init", "--load-model=slow_exec")
+    return module_server(
+        module_repo,
+        "--model-control-mode=explicit",
+        "--load-model=a",
+        "--load-model=slow_init",
+        "--load-model=slow_exec",
+    )
 
 
 def _still_serving(srv, name: str = "a", expect: float = 2.0) -> None:
@@ -50,11 +65,14 @@ def _still_serving(srv, name: str = "a", expect: float = 2.0) -> None:
     assert srv.get(f"/v2/models/{name}/ready")[0] == 200
 
 
-@pytest.mark.parametrize("override", [
-    '{"name": "a", "backend": "python", "max_batch_size": 8, "bogus_field": 1}',
-    '{not json',
-    json.dumps(_cfg("a", input=[{"name": "INPUT0", "data_type": "TYPE_NOPE", "dims": [1]}])),
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        '{"name": "a", "backend": "python", "max_batch_size": 8, "bogus_field": 1}',
+        "{not json",
+        json.dumps(_cfg("a", input=[{"name": "INPUT0", "data_type": "TYPE_NOPE", "dims": [1]}])),
+    ],
+)
 def test_failed_reload_keeps_old_version_serving_http(srv, override):
     code, raw = post(srv, "/v2/repository/models/a/load", {"parameters": {"config": override}})
     assert code in (400, 500), raw
@@ -64,9 +82,16 @@ def test_failed_reload_keeps_old_version_serving_http(srv, override):
 
 
 def _load_init_raises(srv) -> tuple[int, bytes]:
-    return post(srv, "/v2/repository/models/a/load", {"parameters": {
-        "config": json.dumps(_cfg("a", max_batch_size=2)),
-        "file:1/model.py": base64.b64encode(INIT_RAISES_PY.encode()).decode()}})
+    return post(
+        srv,
+        "/v2/repository/models/a/load",
+        {
+            "parameters": {
+                "config": json.dumps(_cfg("a", max_batch_size=2)),
+                "file:1/model.py": base64.b64encode(INIT_RAISES_PY.encode()).decode(),
+            }
+        },
+    )
 
 
 def test_failed_reload_when_new_initialize_raises_keeps_old_version(srv):
@@ -77,16 +102,22 @@ def test_failed_reload_when_new_initialize_raises_keeps_old_version(srv):
     assert json.loads(srv.get("/v2/models/a/config")[1])["max_batch_size"] == 8
 
 
-@pytest.mark.xfail(reason="BUG: a load whose initialize() raises answers 500, Triton answers 400 "
-                          "(gRPC INVALID_ARGUMENT) 'load failed for model ...'", strict=True)
+@pytest.mark.xfail(
+    reason="BUG: a load whose initialize() raises answers 500, Triton answers 400 "
+    "(gRPC INVALID_ARGUMENT) 'load failed for model ...'",
+    strict=True,
+)
 def test_load_with_initialize_raising_is_400_like_triton(srv):
     code, raw = _load_init_raises(srv)
     assert code == 400, raw
     c = grpc_client(srv)
     try:
         with pytest.raises(InferenceServerException) as ei:
-            c.load_model("a", config=json.dumps(_cfg("a", max_batch_size=2)),
-                         files={"file:1/model.py": INIT_RAISES_PY.encode()})
+            c.load_model(
+                "a",
+                config=json.dumps(_cfg("a", max_batch_size=2)),
+                files={"file:1/model.py": INIT_RAISES_PY.encode()},
+            )
         assert str(ei.value.status()) == "StatusCode.INVALID_ARGUMENT"
     finally:
         c.close()
@@ -139,10 +170,15 @@ def test_reload_under_load_loses_no_request(srv):
     try:
         time.sleep(0.3)
         t0 = time.monotonic()
-        new = _cfg("slow_init", max_batch_size=4,
-                   parameters={"init_sleep_s": {"string_value": "2"}})
-        code, raw = post(srv, "/v2/repository/models/slow_init/load",
-                         {"parameters": {"config": json.dumps(new)}}, timeout=60)
+        new = _cfg(
+            "slow_init", max_batch_size=4, parameters={"init_sleep_s": {"string_value": "2"}}
+        )
+        code, raw = post(
+            srv,
+            "/v2/repository/models/slow_init/load",
+            {"parameters": {"config": json.dumps(new)}},
+            timeout=60,
+        )
         t1 = time.monotonic()
         time.sleep(0.3)
     finally:
@@ -156,8 +192,9 @@ def test_reload_under_load_loses_no_request(srv):
     assert len(during) >= 5, "requests kept being served while the new version started"
     cfg = json.loads(srv.get("/v2/models/slow_init/config")[1])
     assert cfg["max_batch_size"] == 4
-    body = {"inputs": [{"name": "INPUT0", "shape": [5, 1], "datatype": "FP32",
-                        "data": [1, 2, 3, 4, 5]}]}
+    body = {
+        "inputs": [{"name": "INPUT0", "shape": [5, 1], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}]
+    }
     assert post(srv, "/v2/models/slow_init/infer", body)[0] == 400
     assert [e["state"] for e in index_entries(srv, "slow_init")] == ["READY"]
 

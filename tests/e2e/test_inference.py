@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import queue
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +36,12 @@ DTYPES: dict[str, tuple[str, Any, list[Any]]] = {
     "BYTES": ("TYPE_STRING", np.object_, [b"", b"hello", "w\u00f6rld".encode()]),
 }
 
-ADD_SUB_GOOD = {"inputs": [
-    {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]},
-    {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 1.0, 1.0, 1.0]}]}
+ADD_SUB_GOOD = {
+    "inputs": [
+        {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]},
+        {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 1.0, 1.0, 1.0]},
+    ]
+}
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +126,14 @@ def test_http_json_infer_with_id_and_version(srv):
         assert out["model_version"] == "1"
         assert out["outputs"] == [
             {"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 4], "data": [2.0, 3.0, 4.0, 5.0]},
-            {"name": "OUTPUT1", "datatype": "FP32", "shape": [1, 4], "data": [0.0, 1.0, 2.0, 3.0]}]
+            {"name": "OUTPUT1", "datatype": "FP32", "shape": [1, 4], "data": [0.0, 1.0, 2.0, 3.0]},
+        ]
 
 
 def test_http_requested_output_subset(srv):
-    code, raw = post(srv, "/v2/models/add_sub/infer", {**ADD_SUB_GOOD,
-                                                       "outputs": [{"name": "OUTPUT1"}]})
+    code, raw = post(
+        srv, "/v2/models/add_sub/infer", {**ADD_SUB_GOOD, "outputs": [{"name": "OUTPUT1"}]}
+    )
     assert code == 200, raw
     outs = json.loads(raw)["outputs"]
     assert [o["name"] for o in outs] == ["OUTPUT1"] and outs[0]["data"] == [0.0, 1.0, 2.0, 3.0]
@@ -138,8 +142,10 @@ def test_http_requested_output_subset(srv):
 @pytest.mark.parametrize("binary_in", [True, False])
 @pytest.mark.parametrize("binary_out", [True, False])
 def test_http_tritonclient_binary_and_json(hc, binary_in, binary_out):
-    outs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out),
-            httpclient.InferRequestedOutput("OUTPUT1", binary_data=not binary_out)]
+    outs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=not binary_out),
+    ]
     r = hc.infer("add_sub", _add_sub_http_inputs(binary_in), outputs=outs)
     assert r.as_numpy("OUTPUT0").tolist() == [[2.0, 3.0, 4.0, 5.0]]
     assert r.as_numpy("OUTPUT1").tolist() == [[0.0, 1.0, 2.0, 3.0]]
@@ -149,27 +155,50 @@ def test_http_tritonclient_binary_and_json(hc, binary_in, binary_out):
 
 
 def test_http_tritonclient_output_subset(hc):
-    r = hc.infer("add_sub", _add_sub_http_inputs(True),
-                 outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
+    r = hc.infer(
+        "add_sub",
+        _add_sub_http_inputs(True),
+        outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)],
+    )
     assert r.get_output("OUTPUT1") is None
     assert r.as_numpy("OUTPUT0").tolist() == [[2.0, 3.0, 4.0, 5.0]]
 
 
 def test_http_raw_binary_request_and_binary_data_output(srv):
     a, b = _add_sub_np()
-    header = json.dumps({
-        "inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
-                    "parameters": {"binary_data_size": 16}},
-                   {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32",
-                    "parameters": {"binary_data_size": 16}}],
-        "parameters": {"binary_data_output": True}}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 16},
+                },
+                {
+                    "name": "INPUT1",
+                    "shape": [1, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 16},
+                },
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
     conn_body = header + a.tobytes() + b.tobytes()
     import http.client
+
     conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
     try:
-        conn.request("POST", "/v2/models/add_sub/infer", body=conn_body,
-                     headers={"Inference-Header-Content-Length": str(len(header)),
-                              "Content-Type": "application/octet-stream"})
+        conn.request(
+            "POST",
+            "/v2/models/add_sub/infer",
+            body=conn_body,
+            headers={
+                "Inference-Header-Content-Length": str(len(header)),
+                "Content-Type": "application/octet-stream",
+            },
+        )
         resp = conn.getresponse()
         raw = resp.read()
         assert resp.status == 200, raw
@@ -228,9 +257,11 @@ def test_grpc_typed_contents(stub):
     assert [o.name for o in resp.outputs] == ["OUTPUT1"]
     assert np.frombuffer(resp.raw_output_contents[0], dtype=np.float32).tolist() == [0, 1, 2, 3]
     # typed BOOL / INT64 / BYTES contents
-    for model, dt, field, vals in (("id_bool", "BOOL", "bool_contents", [True, False]),
-                                   ("id_int64", "INT64", "int64_contents", [-5, 2**40]),
-                                   ("id_bytes", "BYTES", "bytes_contents", [b"ab", b""])):
+    for model, dt, field, vals in (
+        ("id_bool", "BOOL", "bool_contents", [True, False]),
+        ("id_int64", "INT64", "int64_contents", [-5, 2**40]),
+        ("id_bytes", "BYTES", "bytes_contents", [b"ab", b""]),
+    ):
         req = pb.ModelInferRequest(model_name=model)
         t = req.inputs.add(name="INPUT0", datatype=dt, shape=[1, 2])
         getattr(t.contents, field).extend(vals)
@@ -240,8 +271,12 @@ def test_grpc_typed_contents(stub):
 
 
 def test_grpc_infer_and_output_subset(gc):
-    r = gc.infer("add_sub", _add_sub_grpc_inputs(), request_id="g-1",
-                 outputs=[grpcclient.InferRequestedOutput("OUTPUT1")])
+    r = gc.infer(
+        "add_sub",
+        _add_sub_grpc_inputs(),
+        request_id="g-1",
+        outputs=[grpcclient.InferRequestedOutput("OUTPUT1")],
+    )
     assert r.get_response().id == "g-1"
     assert r.as_numpy("OUTPUT0") is None
     assert r.as_numpy("OUTPUT1").tolist() == [[0.0, 1.0, 2.0, 3.0]]
@@ -285,8 +320,9 @@ def test_bytes_text_upper_http_json_binary_and_grpc(srv, hc, gc):
     arr = np.array([[w.encode() for w in words]], dtype=np.object_)
     inp = httpclient.InferInput("INPUT0", [1, 3], "BYTES")
     inp.set_data_from_numpy(arr, binary_data=True)
-    r = hc.infer("text_upper", [inp], outputs=[
-        httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
+    r = hc.infer(
+        "text_upper", [inp], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)]
+    )
     assert [bytes(x) for x in r.as_numpy("OUTPUT0")[0]] == [b"HELLO", "W\u00f6RLD".encode(), b""]
     # BYTES binary output: 4-byte little-endian length prefixes counted in binary_data_size.
     assert r.get_output("OUTPUT0")["parameters"]["binary_data_size"] == 4 * 3 + 5 + 6 + 0
@@ -298,8 +334,11 @@ def test_bytes_text_upper_http_json_binary_and_grpc(srv, hc, gc):
 
 
 def test_nobatch_good(srv):
-    body = {"inputs": [{"name": "INPUT0", "shape": [2, 3], "datatype": "INT32",
-                        "data": [0, 1, 2, 3, 4, 5]}]}
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [2, 3], "datatype": "INT32", "data": [0, 1, 2, 3, 4, 5]}
+        ]
+    }
     code, raw = post(srv, "/v2/models/nobatch/infer", body)
     assert code == 200, raw
     assert json.loads(raw)["outputs"][0]["shape"] == [2, 3]
@@ -321,46 +360,139 @@ BATCH9 = [1.0, 2.0, 3.0, 4.0] * 9
 HTTP_ERRORS = [
     # (id, path, body, headers, code, substrings that must be in the message)
     ("unknown-model", "/v2/models/nope/infer", ADD_SUB_GOOD, None, 404, ["nope"]),
-    ("unknown-version", "/v2/models/add_sub/versions/7/infer", ADD_SUB_GOOD, None, 404,
-     ["add_sub", "7"]),
-    ("wrong-dtype", "/v2/models/add_sub/infer",
-     _add_sub(**{"1__datatype": "INT32", "1__data": [1, 2, 3, 4]}), None, 400,
-     ["INPUT1", "INT32", "FP32"]),
-    ("bogus-dtype", "/v2/models/add_sub/infer", _add_sub(**{"1__datatype": "BOGUS"}), None, 400,
-     ["INPUT1"]),
-    ("wrong-shape", "/v2/models/add_sub/infer",
-     _add_sub(**{"0__shape": [1, 5], "0__data": [1.0] * 5}), None, 400, ["INPUT0", "shape"]),
-    ("no-batch-dim", "/v2/models/add_sub/infer",
-     _add_sub(**{"0__shape": [4], "1__shape": [4]}), None, 400, ["INPUT", "shape"]),
-    ("batch-9", "/v2/models/add_sub/infer",
-     _add_sub(**{"0__shape": [9, 4], "0__data": BATCH9, "1__shape": [9, 4], "1__data": BATCH9}),
-     None, 400, ["batch", "8"]),
-    ("nobatch-extra-dim", "/v2/models/nobatch/infer",
-     {"inputs": [{"name": "INPUT0", "shape": [1, 2, 3], "datatype": "INT32",
-                  "data": [0, 1, 2, 3, 4, 5]}]}, None, 400, ["INPUT0", "shape"]),
-    ("missing-input", "/v2/models/add_sub/infer", {"inputs": ADD_SUB_GOOD["inputs"][:1]}, None,
-     400, ["INPUT1"]),
-    ("extra-input", "/v2/models/add_sub/infer",
-     {"inputs": ADD_SUB_GOOD["inputs"] + [{"name": "EXTRA", "shape": [1, 4], "datatype": "FP32",
-                                           "data": [1.0, 2.0, 3.0, 4.0]}]}, None, 400, ["EXTRA"]),
-    ("unknown-output", "/v2/models/add_sub/infer",
-     {**ADD_SUB_GOOD, "outputs": [{"name": "NOPE"}]}, None, 400, ["NOPE"]),
+    (
+        "unknown-version",
+        "/v2/models/add_sub/versions/7/infer",
+        ADD_SUB_GOOD,
+        None,
+        404,
+        ["add_sub", "7"],
+    ),
+    (
+        "wrong-dtype",
+        "/v2/models/add_sub/infer",
+        _add_sub(**{"1__datatype": "INT32", "1__data": [1, 2, 3, 4]}),
+        None,
+        400,
+        ["INPUT1", "INT32", "FP32"],
+    ),
+    (
+        "bogus-dtype",
+        "/v2/models/add_sub/infer",
+        _add_sub(**{"1__datatype": "BOGUS"}),
+        None,
+        400,
+        ["INPUT1"],
+    ),
+    (
+        "wrong-shape",
+        "/v2/models/add_sub/infer",
+        _add_sub(**{"0__shape": [1, 5], "0__data": [1.0] * 5}),
+        None,
+        400,
+        ["INPUT0", "shape"],
+    ),
+    (
+        "no-batch-dim",
+        "/v2/models/add_sub/infer",
+        _add_sub(**{"0__shape": [4], "1__shape": [4]}),
+        None,
+        400,
+        ["INPUT", "shape"],
+    ),
+    (
+        "batch-9",
+        "/v2/models/add_sub/infer",
+        _add_sub(**{"0__shape": [9, 4], "0__data": BATCH9, "1__shape": [9, 4], "1__data": BATCH9}),
+        None,
+        400,
+        ["batch", "8"],
+    ),
+    (
+        "nobatch-extra-dim",
+        "/v2/models/nobatch/infer",
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, 2, 3],
+                    "datatype": "INT32",
+                    "data": [0, 1, 2, 3, 4, 5],
+                }
+            ]
+        },
+        None,
+        400,
+        ["INPUT0", "shape"],
+    ),
+    (
+        "missing-input",
+        "/v2/models/add_sub/infer",
+        {"inputs": ADD_SUB_GOOD["inputs"][:1]},
+        None,
+        400,
+        ["INPUT1"],
+    ),
+    (
+        "extra-input",
+        "/v2/models/add_sub/infer",
+        {
+            "inputs": ADD_SUB_GOOD["inputs"]
+            + [{"name": "EXTRA", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]
+        },
+        None,
+        400,
+        ["EXTRA"],
+    ),
+    (
+        "unknown-output",
+        "/v2/models/add_sub/infer",
+        {**ADD_SUB_GOOD, "outputs": [{"name": "NOPE"}]},
+        None,
+        400,
+        ["NOPE"],
+    ),
     ("malformed-json", "/v2/models/add_sub/infer", b"{not json", None, 400, ["JSON"]),
     ("missing-inputs", "/v2/models/add_sub/infer", {}, None, 400, ["inputs"]),
     ("inputs-not-list", "/v2/models/add_sub/infer", {"inputs": 5}, None, 400, ["inputs"]),
-    ("count-mismatch", "/v2/models/add_sub/infer", _add_sub(**{"0__data": [1.0, 2.0, 3.0]}),
-     None, 400, ["INPUT0"]),
-    ("strings-for-fp32", "/v2/models/add_sub/infer",
-     _add_sub(**{"0__data": ["a", "b", "c", "d"]}), None, 400, ["INPUT0"]),
+    (
+        "count-mismatch",
+        "/v2/models/add_sub/infer",
+        _add_sub(**{"0__data": [1.0, 2.0, 3.0]}),
+        None,
+        400,
+        ["INPUT0"],
+    ),
+    (
+        "strings-for-fp32",
+        "/v2/models/add_sub/infer",
+        _add_sub(**{"0__data": ["a", "b", "c", "d"]}),
+        None,
+        400,
+        ["INPUT0"],
+    ),
 ]
 
 
 def _binary_case(size0: int, payload: bytes) -> tuple[bytes, dict[str, str]]:
-    header = json.dumps({"inputs": [
-        {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
-         "parameters": {"binary_data_size": size0}},
-        {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32",
-         "parameters": {"binary_data_size": 16}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": size0},
+                },
+                {
+                    "name": "INPUT1",
+                    "shape": [1, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 16},
+                },
+            ]
+        }
+    ).encode()
     return header + payload, {"Inference-Header-Content-Length": str(len(header))}
 
 
@@ -386,23 +518,35 @@ def test_http_errors(srv, case):
     _good_grpc(srv)
 
 
-@pytest.mark.xfail(reason="BUG: validation errors drop Triton's '[request id: <id>] ' prefix",
-                   strict=True)
+@pytest.mark.xfail(
+    reason="BUG: validation errors drop Triton's '[request id: <id>] ' prefix", strict=True
+)
 def test_http_error_message_carries_request_id(srv):
-    code, raw = post(srv, "/v2/models/add_sub/infer", {"id": "req-42", "inputs":
-                                                       ADD_SUB_GOOD["inputs"][:1]})
+    code, raw = post(
+        srv, "/v2/models/add_sub/infer", {"id": "req-42", "inputs": ADD_SUB_GOOD["inputs"][:1]}
+    )
     assert code == 400 and "req-42" in error_text(raw)
 
 
 # ---------------------------------------------------------------------------- gRPC errors
 
 
-def _req(model: str = "add_sub", version: str = "", inputs: list | None = None,
-         raw: list[bytes] | None = None, outputs: list[str] | None = None) -> pb.ModelInferRequest:
+def _req(
+    model: str = "add_sub",
+    version: str = "",
+    inputs: list | None = None,
+    raw: list[bytes] | None = None,
+    outputs: list[str] | None = None,
+) -> pb.ModelInferRequest:
     req = pb.ModelInferRequest(model_name=model, model_version=version)
-    for name, dt, shape, vals in inputs if inputs is not None else [
+    for name, dt, shape, vals in (
+        inputs
+        if inputs is not None
+        else [
             ("INPUT0", "FP32", [1, 4], [1.0, 2.0, 3.0, 4.0]),
-            ("INPUT1", "FP32", [1, 4], [1.0, 1.0, 1.0, 1.0])]:
+            ("INPUT1", "FP32", [1, 4], [1.0, 1.0, 1.0, 1.0]),
+        ]
+    ):
         t = req.inputs.add(name=name, datatype=dt, shape=shape)
         if vals is not None:
             if dt == "FP32":
@@ -420,33 +564,73 @@ F4 = [1.0, 2.0, 3.0, 4.0]
 GRPC_ERRORS = [
     ("unknown-model", _req("nope"), grpc.StatusCode.NOT_FOUND, ["nope"]),
     ("unknown-version", _req(version="7"), grpc.StatusCode.NOT_FOUND, ["7"]),
-    ("wrong-dtype", _req(inputs=[("INPUT0", "FP32", [1, 4], F4), ("INPUT1", "INT32", [1, 4],
-                                                                 [1, 2, 3, 4])]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["INPUT1"]),
-    ("wrong-shape", _req(inputs=[("INPUT0", "FP32", [1, 5], F4 + [5.0]),
-                                 ("INPUT1", "FP32", [1, 4], F4)]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["INPUT0"]),
-    ("batch-9", _req(inputs=[("INPUT0", "FP32", [9, 4], F4 * 9), ("INPUT1", "FP32", [9, 4],
-                                                                   F4 * 9)]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["batch"]),
-    ("nobatch-extra-dim", _req("nobatch", inputs=[("INPUT0", "INT32", [1, 2, 3],
-                                                    [0, 1, 2, 3, 4, 5])]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["INPUT0"]),
-    ("missing-input", _req(inputs=[("INPUT0", "FP32", [1, 4], F4)]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["INPUT1"]),
-    ("extra-input", _req(inputs=[("INPUT0", "FP32", [1, 4], F4), ("INPUT1", "FP32", [1, 4], F4),
-                                 ("EXTRA", "FP32", [1, 4], F4)]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["EXTRA"]),
+    (
+        "wrong-dtype",
+        _req(inputs=[("INPUT0", "FP32", [1, 4], F4), ("INPUT1", "INT32", [1, 4], [1, 2, 3, 4])]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["INPUT1"],
+    ),
+    (
+        "wrong-shape",
+        _req(inputs=[("INPUT0", "FP32", [1, 5], F4 + [5.0]), ("INPUT1", "FP32", [1, 4], F4)]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["INPUT0"],
+    ),
+    (
+        "batch-9",
+        _req(inputs=[("INPUT0", "FP32", [9, 4], F4 * 9), ("INPUT1", "FP32", [9, 4], F4 * 9)]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["batch"],
+    ),
+    (
+        "nobatch-extra-dim",
+        _req("nobatch", inputs=[("INPUT0", "INT32", [1, 2, 3], [0, 1, 2, 3, 4, 5])]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["INPUT0"],
+    ),
+    (
+        "missing-input",
+        _req(inputs=[("INPUT0", "FP32", [1, 4], F4)]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["INPUT1"],
+    ),
+    (
+        "extra-input",
+        _req(
+            inputs=[
+                ("INPUT0", "FP32", [1, 4], F4),
+                ("INPUT1", "FP32", [1, 4], F4),
+                ("EXTRA", "FP32", [1, 4], F4),
+            ]
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["EXTRA"],
+    ),
     ("no-inputs", _req(inputs=[]), grpc.StatusCode.INVALID_ARGUMENT, ["INPUT0"]),
-    ("contents-count", _req(inputs=[("INPUT0", "FP32", [1, 4], F4[:3]),
-                                    ("INPUT1", "FP32", [1, 4], F4)]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["INPUT0"]),
-    ("raw-size", _req(inputs=[("INPUT0", "FP32", [1, 4], None), ("INPUT1", "FP32", [1, 4], None)],
-                      raw=[b"\0" * 12, b"\0" * 16]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["INPUT0"]),
-    ("raw-count", _req(inputs=[("INPUT0", "FP32", [1, 4], None), ("INPUT1", "FP32", [1, 4], None)],
-                       raw=[b"\0" * 16]),
-     grpc.StatusCode.INVALID_ARGUMENT, ["raw_input_contents"]),
+    (
+        "contents-count",
+        _req(inputs=[("INPUT0", "FP32", [1, 4], F4[:3]), ("INPUT1", "FP32", [1, 4], F4)]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["INPUT0"],
+    ),
+    (
+        "raw-size",
+        _req(
+            inputs=[("INPUT0", "FP32", [1, 4], None), ("INPUT1", "FP32", [1, 4], None)],
+            raw=[b"\0" * 12, b"\0" * 16],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["INPUT0"],
+    ),
+    (
+        "raw-count",
+        _req(
+            inputs=[("INPUT0", "FP32", [1, 4], None), ("INPUT1", "FP32", [1, 4], None)],
+            raw=[b"\0" * 16],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["raw_input_contents"],
+    ),
     ("unknown-output", _req(outputs=["NOPE"]), grpc.StatusCode.INVALID_ARGUMENT, ["NOPE"]),
 ]
 

@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import (error_text, grpc_client, grpc_fp32_inputs, grpc_status, http_client,
-                               index, index_entries, infer_fp32, post, request, wait_until)
+from tests.e2e.helpers import (
+    error_text,
+    grpc_client,
+    grpc_fp32_inputs,
+    grpc_status,
+    http_client,
+    index,
+    index_entries,
+    infer_fp32,
+    post,
+    wait_until,
+)
 from tests.zoo import copy_example, identity, version_model_py, versioned_model
 
 CONTROL_REFUSED = "explicit model load / unload is not allowed if polling is enabled"
@@ -35,12 +45,13 @@ def test_mode_none_loads_everything_and_refuses_control(tmp_path: Path, start_se
     versioned_model(repo, "a", [1])
     srv = start_server(repo)
     assert _state(srv, "add_sub") == "READY" and _state(srv, "a") == "READY"
-    for path, body in (("/v2/repository/models/a/load", None),
-                       ("/v2/repository/models/a/load", {}),
-                       ("/v2/repository/models/nope/load", None),
-                       ("/v2/repository/models/a/unload", None),
-                       ("/v2/repository/models/a/unload",
-                        {"parameters": {"unload_dependents": True}})):
+    for path, body in (
+        ("/v2/repository/models/a/load", None),
+        ("/v2/repository/models/a/load", {}),
+        ("/v2/repository/models/nope/load", None),
+        ("/v2/repository/models/a/unload", None),
+        ("/v2/repository/models/a/unload", {"parameters": {"unload_dependents": True}}),
+    ):
         code, raw = post(srv, path, body)
         assert code == 503, (path, raw)
         assert error_text(raw).startswith(CONTROL_REFUSED), raw
@@ -110,9 +121,15 @@ def test_poll_mode_picks_up_added_and_removed_models_and_versions(tmp_path: Path
     (staging / "v2").mkdir()
     (staging / "v2" / "model.py").write_text(textwrap.dedent(version_model_py(2)))
     shutil.move(str(staging / "v2"), str(repo / "a" / "2"))
-    wait_until(lambda: infer_fp32(srv, "a", 1.0)[1].get("model_version") == "2"
-               if infer_fp32(srv, "a", 1.0)[0] == 200 else False,
-               timeout=15, what="a version 2 served")
+    wait_until(
+        lambda: (
+            infer_fp32(srv, "a", 1.0)[1].get("model_version") == "2"
+            if infer_fp32(srv, "a", 1.0)[0] == 200
+            else False
+        ),
+        timeout=15,
+        what="a version 2 served",
+    )
     code, out = infer_fp32(srv, "a", 1.0)
     assert code == 200 and out["outputs"][0]["data"] == [3.0]
     # A model directory disappears: it is unloaded.
@@ -134,10 +151,13 @@ def ctl(module_server, module_repo: Path):
     # A perfectly loadable model just outside the repository: traversal must never reach it.
     outside = versioned_model(repo.parent, "outside", [1])
     marker = outside / "LOADED"
-    (outside / "1" / "model.py").write_text(textwrap.dedent(version_model_py(1)).replace(
-        "class TritonPythonModel:",
-        f"class TritonPythonModel:\n    def initialize(self, args):\n"
-        f"        open({str(marker)!r}, 'w').write('x')\n"))
+    (outside / "1" / "model.py").write_text(
+        textwrap.dedent(version_model_py(1)).replace(
+            "class TritonPythonModel:",
+            f"class TritonPythonModel:\n    def initialize(self, args):\n"
+            f"        open({str(marker)!r}, 'w').write('x')\n",
+        )
+    )
     srv = module_server(repo, "--model-control-mode=explicit", "--load-model=a")
     srv.outside = outside  # type: ignore[attr-defined]
     return srv
@@ -152,7 +172,8 @@ def test_index_get_and_post_and_ready_filter(ctl):
     assert {"a", "b", "cfg", "g", "t"} <= set(names)
     a = [e for e in posted if e["name"] == "a"]
     assert a == [{"name": "a", "version": "1", "state": "READY"}] or (
-        a[0]["state"] == "READY" and a[0]["version"] == "1" and not a[0].get("reason"))
+        a[0]["state"] == "READY" and a[0]["version"] == "1" and not a[0].get("reason")
+    )
     ready = index(ctl, {"ready": True})
     assert ready and all(e.get("state") == "READY" for e in ready)
     assert "a" in {e["name"] for e in ready} and "b" not in {e["name"] for e in ready}
@@ -165,8 +186,9 @@ def test_http_load_unload_and_index_states(ctl):
     assert code == 200, raw
     assert _state(ctl, "b") == "READY"
     assert infer_fp32(ctl, "b", 1.0)[0] == 200
-    code, raw = post(ctl, "/v2/repository/models/b/unload",
-                     {"parameters": {"unload_dependents": True}})
+    code, raw = post(
+        ctl, "/v2/repository/models/b/unload", {"parameters": {"unload_dependents": True}}
+    )
     assert code == 200, raw
     wait_until(lambda: _state(ctl, "b") == "UNAVAILABLE", timeout=10, what="b UNAVAILABLE")
     entry = index_entries(ctl, "b")[0]
@@ -191,17 +213,23 @@ def test_http_load_unknown_model_fails(ctl):
 def test_http_load_with_config_override(ctl):
     code, raw = ctl.get("/v2/models/cfg/config")
     assert code in (400, 404)  # not loaded yet
-    base = {"name": "cfg", "backend": "python", "max_batch_size": 4,
-            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}
-    code, raw = post(ctl, "/v2/repository/models/cfg/load",
-                     {"parameters": {"config": json.dumps(base)}})
+    base = {
+        "name": "cfg",
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    }
+    code, raw = post(
+        ctl, "/v2/repository/models/cfg/load", {"parameters": {"config": json.dumps(base)}}
+    )
     assert code == 200, raw
     cfg = json.loads(ctl.get("/v2/models/cfg/config")[1])
     assert cfg["max_batch_size"] == 4
     # batch 5 > 4 is now refused
-    body = {"inputs": [{"name": "INPUT0", "shape": [5, 1], "datatype": "FP32",
-                        "data": [1, 2, 3, 4, 5]}]}
+    body = {
+        "inputs": [{"name": "INPUT0", "shape": [5, 1], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}]
+    }
     code, raw = post(ctl, "/v2/models/cfg/infer", body)
     assert code == 400, raw
     # Reload with the tritonclient http API and another override.
@@ -214,21 +242,35 @@ def test_http_load_with_config_override(ctl):
 
 
 def test_http_load_with_file_override(ctl):
-    cfg = {"name": "g", "backend": "python", "max_batch_size": 8,
-           "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
-           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}]}
+    cfg = {
+        "name": "g",
+        "backend": "python",
+        "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
     model_py = textwrap.dedent(version_model_py(42)).encode()
-    code, raw = post(ctl, "/v2/repository/models/g/load",
-                     {"parameters": {"config": json.dumps(cfg),
-                                     "file:1/model.py": base64.b64encode(model_py).decode()}})
+    code, raw = post(
+        ctl,
+        "/v2/repository/models/g/load",
+        {
+            "parameters": {
+                "config": json.dumps(cfg),
+                "file:1/model.py": base64.b64encode(model_py).decode(),
+            }
+        },
+    )
     assert code == 200, raw
     code, out = infer_fp32(ctl, "g", 1.0)
     assert code == 200 and out["outputs"][0]["data"] == [43.0], out
     # Via tritonclient.http (it base64-encodes the files itself).
     c = http_client(ctl)
     try:
-        c.load_model("g", config=json.dumps(cfg),
-                     files={"file:1/model.py": textwrap.dedent(version_model_py(7)).encode()})
+        c.load_model(
+            "g",
+            config=json.dumps(cfg),
+            files={"file:1/model.py": textwrap.dedent(version_model_py(7)).encode()},
+        )
     finally:
         c.close()
     code, out = infer_fp32(ctl, "g", 1.0)
@@ -245,18 +287,30 @@ def test_grpc_repository_index_load_unload(ctl):
         c.load_model("t")
         assert c.is_model_ready("t")
         assert c.infer("t", grpc_fp32_inputs(1.0)).as_numpy("OUTPUT0").tolist() == [[2.0]]
-        cfg = {"name": "t", "backend": "python", "max_batch_size": 3,
-               "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
-               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}]}
-        c.load_model("t", config=json.dumps(cfg),
-                     files={"file:1/model.py": textwrap.dedent(version_model_py(5)).encode()})
+        cfg = {
+            "name": "t",
+            "backend": "python",
+            "max_batch_size": 3,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+        }
+        c.load_model(
+            "t",
+            config=json.dumps(cfg),
+            files={"file:1/model.py": textwrap.dedent(version_model_py(5)).encode()},
+        )
         assert c.get_model_config("t", as_json=True)["config"]["max_batch_size"] == 3
         assert c.infer("t", grpc_fp32_inputs(1.0)).as_numpy("OUTPUT0").tolist() == [[6.0]]
         c.unload_model("t", unload_dependents=True)
         wait_until(lambda: not c.is_model_ready("t"), timeout=10, what="t unloaded")
-        wait_until(lambda: any(m["name"] == "t" and m.get("state") == "UNAVAILABLE"
-                               for m in c.get_model_repository_index(as_json=True)["models"]),
-                   timeout=10, what="t UNAVAILABLE in gRPC index")
+        wait_until(
+            lambda: any(
+                m["name"] == "t" and m.get("state") == "UNAVAILABLE"
+                for m in c.get_model_repository_index(as_json=True)["models"]
+            ),
+            timeout=10,
+            what="t UNAVAILABLE in gRPC index",
+        )
         t = [m for m in c.get_model_repository_index(as_json=True)["models"] if m["name"] == "t"]
         assert t[0]["reason"] == "unloaded"
         with pytest.raises(InferenceServerException) as ei:
@@ -275,13 +329,19 @@ def _nothing_outside_loaded(srv) -> None:
     assert not (srv.outside / "LOADED").exists()
 
 
-@pytest.mark.parametrize("path", [
-    "/v2/repository/models/../load",
-    "/v2/repository/models/%2e%2e/load",
-    "/v2/repository/models/%2E%2E/load",
-    "/v2/repository/models/..%2foutside/load",
-    "/v2/repository/models/%2e%2e%2foutside/load",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/repository/models/../load",
+        "/v2/repository/models/%2e%2e/load",
+        "/v2/repository/models/%2E%2E/load",
+        "/v2/repository/models/..%2foutside/load",
+        "/v2/repository/models/%2e%2e%2foutside/load",
+        "/v2/repository/models/a%2f..%2f..%2foutside/load",
+        "/v2/repository/models//load",
+        "/v2/repository/models/.hidden/load",
+    ],
+)
 def test_http_traversal_is_refused(ctl, path):
     code, raw = post(ctl, path)
     assert code == 400, (path, code, raw)
@@ -293,9 +353,11 @@ def test_http_traversal_is_refused(ctl, path):
 def test_http_traversal_unload_and_infer_refused(ctl):
     code, raw = post(ctl, "/v2/repository/models/%2e%2e%2foutside/unload")
     assert code == 400, raw
-    code, raw = post(ctl, "/v2/models/%2e%2e%2foutside/infer",
-                     {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32",
-                                  "data": [1.0]}]})
+    code, raw = post(
+        ctl,
+        "/v2/models/%2e%2e%2foutside/infer",
+        {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
+    )
     assert code in (400, 404), raw
     _nothing_outside_loaded(ctl)
 

@@ -12,8 +12,15 @@ import psutil
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import (error_text, grpc_client, grpc_fp32_inputs, grpc_status,
-                               infer_fp32, post, wait_until)
+from tests.e2e.helpers import (
+    error_text,
+    grpc_client,
+    grpc_fp32_inputs,
+    grpc_status,
+    infer_fp32,
+    post,
+    wait_until,
+)
 from tests.zoo import fail_model, fail_model_batched, identity, sleep_model
 
 MODELS = ("faulty", "faulty_batched", "other", "sleeper")
@@ -26,15 +33,20 @@ def srv(module_server, module_repo: Path):
     identity(module_repo, "other")
     sleep_model(module_repo, "sleeper", ms=20)
     sleep_model(module_repo, "two", ms=1000, count=2)
-    return module_server(module_repo, "--model-control-mode=explicit",
-                         *(f"--load-model={m}" for m in MODELS))
+    return module_server(
+        module_repo, "--model-control-mode=explicit", *(f"--load-model={m}" for m in MODELS)
+    )
 
 
 def _workers(srv) -> set[int]:
     procs = psutil.Process(srv.proc.pid).children(recursive=True)
-    return {p.pid for p in procs
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-            and "resource_tracker" not in " ".join(p.cmdline())}
+    return {
+        p.pid
+        for p in procs
+        if p.is_running()
+        and p.status() != psutil.STATUS_ZOMBIE
+        and "resource_tracker" not in " ".join(p.cmdline())
+    }
 
 
 def test_execute_raises_fails_that_request_only_http(srv):
@@ -61,7 +73,7 @@ def test_triton_error_response_fails_only_its_request_in_a_batch(srv):
     values = [1.0, -1.0, 2.0, 3.0]
     with ThreadPoolExecutor(len(values)) as ex:
         results = list(ex.map(lambda v: infer_fp32(srv, "faulty_batched", v), values))
-    for v, (code, out) in zip(values, results):
+    for v, (code, out) in zip(values, results, strict=True):
         if v < 0:
             assert code == 500, out
             assert out["error"] == "negative input not allowed"
@@ -91,8 +103,15 @@ def test_killed_worker_fails_its_request_and_is_restarted(srv, protocol):
     def other_loop() -> None:
         while not stop.is_set():
             for m in ("other", "sleeper"):
-                code, out = post(srv, f"/v2/models/{m}/infer", {"inputs": [
-                    {"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [4.0]}]})
+                code, out = post(
+                    srv,
+                    f"/v2/models/{m}/infer",
+                    {
+                        "inputs": [
+                            {"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [4.0]}
+                        ]
+                    },
+                )
                 if code == 200:
                     other_ok[0] += 1
                 else:
@@ -119,8 +138,12 @@ def test_killed_worker_fails_its_request_and_is_restarted(srv, protocol):
         assert time.monotonic() - t0 < 10
         assert "worker" in msg.lower(), msg
         # The model serves again within a few seconds (a new worker process).
-        wait_until(lambda: infer_fp32(srv, "faulty", 1.0, timeout=10)[0] == 200, timeout=10,
-                   interval=0.2, what="faulty served again")
+        wait_until(
+            lambda: infer_fp32(srv, "faulty", 1.0, timeout=10)[0] == 200,
+            timeout=10,
+            interval=0.2,
+            what="faulty served again",
+        )
         time.sleep(0.3)
     finally:
         stop.set()
@@ -149,8 +172,11 @@ def test_instance_group_count_two_runs_two_worker_processes(srv):
         assert elapsed < 1.8, elapsed
     finally:
         assert post(srv, "/v2/repository/models/two/unload")[0] == 200
-    wait_until(lambda: len(_workers(srv) - before) == 0, timeout=15,
-               what="the two workers exit after unload")
+    wait_until(
+        lambda: len(_workers(srv) - before) == 0,
+        timeout=15,
+        what="the two workers exit after unload",
+    )
     for pid in added:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

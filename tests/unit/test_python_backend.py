@@ -167,8 +167,9 @@ def test_add_sub_batch_of_requests(add_sub: ModelSpec) -> None:
             assert result.compute_infer_ns > 0
             # outputs own their memory: a later call must not change them
             kept = result.results[0].outputs["OUTPUT0"].copy()  # type: ignore[union-attr]
-            await inst.execute([add_sub_request(np.zeros((1, 4), np.float32),
-                                                np.zeros((1, 4), np.float32))])
+            await inst.execute(
+                [add_sub_request(np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float32))]
+            )
             np.testing.assert_array_equal(result.results[0].outputs["OUTPUT0"], kept)  # type: ignore[union-attr]
         finally:
             await inst.stop()
@@ -209,8 +210,9 @@ def test_initialize_args(tmp_path: Path) -> None:
         inst = PythonInstance(spec, "args_0")
         await inst.start()
         try:
-            req = InferRequest("args", id="x1", inputs={"IN": np.array([b"a"], dtype=object)},
-                               parameters={"k": 1})
+            req = InferRequest(
+                "args", id="x1", inputs={"IN": np.array([b"a"], dtype=object)}, parameters={"k": 1}
+            )
             res = (await inst.execute([req])).results[0]
             assert isinstance(res, InferResponse), res
             return json.loads(res.outputs["OUT"][0])  # type: ignore[no-any-return]
@@ -285,7 +287,9 @@ def test_model_errors_per_request(add_sub: ModelSpec) -> None:
             seven = np.full((1, 4), -7.0, np.float32)
             boom = np.full((1, 4), -42.0, np.float32)
             # a TritonError in one response fails only that request, with its code
-            res = (await inst.execute([add_sub_request(ok, ok), add_sub_request(seven, ok)])).results
+            res = (
+                await inst.execute([add_sub_request(ok, ok), add_sub_request(seven, ok)])
+            ).results
             assert isinstance(res[0], InferResponse)
             assert isinstance(res[1], ServerError)
             assert res[1].status is Status.INVALID_ARG and "bad input -7" in str(res[1])
@@ -389,8 +393,9 @@ def test_initialize_raising_is_a_clear_start_error(tmp_path: Path) -> None:
 
 
 def test_import_error_and_missing_file(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, "imp", ADD_SUB_CONFIG.format(name="imp"),
-                     "import no_such_module_xyz\n")
+    spec = make_spec(
+        tmp_path, "imp", ADD_SUB_CONFIG.format(name="imp"), "import no_such_module_xyz\n"
+    )
 
     async def go() -> None:
         inst = PythonInstance(spec, "imp_0")
@@ -495,9 +500,7 @@ def test_auto_complete_config(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "auto", 'name: "auto"\nbackend: "python"\n', py)
     cfg = PythonBackend().auto_complete(spec)
     assert cfg.max_batch_size == 4 and cfg.HasField("dynamic_batching")
-    assert [(i.name, list(i.dims), i.data_type) for i in cfg.input] == [
-        ("IN", [3], mc.TYPE_FP32)
-    ]
+    assert [(i.name, list(i.dims), i.data_type) for i in cfg.input] == [("IN", [3], mc.TYPE_FP32)]
     assert cfg.output[0].name == "OUT"
     # no auto_complete_config: the config comes back untouched, without a process
     plain = make_spec(tmp_path, "plain", ADD_SUB_CONFIG.format(name="plain"), ADD_SUB_PY)
@@ -515,8 +518,9 @@ def test_pb_utils_api() -> None:
     resp = pb_utils.InferenceResponse(output_tensors=[t], error=None)
     assert not resp.has_error() and pb_utils.get_output_tensor_by_name(resp, "x") is t
     assert pb_utils.get_output_tensor_by_name(resp, "y") is None
-    cfg = pb_utils.ModelConfig(json.dumps({"name": "m", "input": [{"name": "a", "data_type":
-                                           "TYPE_FP32", "dims": [2]}]}))
+    cfg = pb_utils.ModelConfig(
+        json.dumps({"name": "m", "input": [{"name": "a", "data_type": "TYPE_FP32", "dims": [2]}]})
+    )
     with pytest.raises(ValueError):
         cfg.add_input({"name": "a", "data_type": "TYPE_INT32", "dims": [2]})
     cfg.add_output({"name": "o", "data_type": "TYPE_FP32", "dims": [2]})
