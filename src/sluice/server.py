@@ -17,7 +17,6 @@ import sys
 import time
 from typing import Any
 
-from .backends import python as _python_backend  # noqa: F401  (registers the backend)
 from .config import ServerConfig
 from .repository.manager import ModelManager
 from .service import InferenceService

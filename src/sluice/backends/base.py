@@ -12,6 +12,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +60,9 @@ class ModelInstance(Protocol):
 
     async def execute(self, requests: list[InferRequest]) -> ExecuteResult: ...
 
-    async def stop(self) -> None:
-        """Release everything (processes, sessions). Never raises."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Release everything (processes, sessions), waiting up to ``grace`` seconds for a
+        clean finish (None = the backend's default; 0 = at once). Never raises."""
 
 
 class Backend(Protocol):
@@ -76,6 +78,12 @@ class Backend(Protocol):
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
+# Built-in backends register themselves when their module is imported; the module is
+# imported the first time a config names the backend, so an optional runtime (torch,
+# tensorrt) costs nothing until a model needs it.
+_BUILTIN_MODULES = {
+    "python": "sluice.backends.python",
+}
 
 
 def register_backend(names: list[str], factory: Callable[[], Backend]) -> None:
@@ -87,4 +95,7 @@ def backend_for(config: mc.ModelConfig) -> Backend | None:
     """Pick the backend from ``backend`` or, failing that, ``platform``."""
     key = config.backend or config.platform
     factory = _REGISTRY.get(key)
+    if factory is None and key in _BUILTIN_MODULES:
+        importlib.import_module(_BUILTIN_MODULES[key])
+        factory = _REGISTRY.get(key)
     return factory() if factory else None

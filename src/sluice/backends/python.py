@@ -32,14 +32,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from google.protobuf import descriptor as _descriptor
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import InvalidArgument, NotFound, ServerError, Status
+from ..repository.model_config import config_to_json_dict
 from ..types import InferRequest, InferResponse
 from ..workers.messages import OK, Execute, RequestRef, WorkerSetup
 from ..workers.pool import WorkerClient, run_auto_complete
@@ -60,51 +59,12 @@ _STATUS_OF_CODE = {
     7: Status.CANCELLED,
 }
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-_INT64_TYPES = {
-    _descriptor.FieldDescriptor.TYPE_INT64,
-    _descriptor.FieldDescriptor.TYPE_UINT64,
-    _descriptor.FieldDescriptor.TYPE_SINT64,
-    _descriptor.FieldDescriptor.TYPE_FIXED64,
-    _descriptor.FieldDescriptor.TYPE_SFIXED64,
-}
 _instance_serial = itertools.count(1)
 
 
-def _fix_int64(desc: Any, d: dict[str, Any]) -> None:
-    # protobuf's JSON writes 64-bit integers as strings; Triton's model_config JSON has numbers.
-    for key, value in d.items():
-        field = desc.fields_by_name.get(key)
-        if field is None:
-            continue
-        sub = field.message_type
-        if sub is not None:
-            if sub.GetOptions().map_entry:
-                vfield = sub.fields_by_name["value"]
-                if vfield.message_type is not None:
-                    for v in value.values():
-                        _fix_int64(vfield.message_type, v)
-                elif vfield.type in _INT64_TYPES:
-                    d[key] = {k: int(v) for k, v in value.items()}
-            elif isinstance(value, list):
-                for item in value:
-                    _fix_int64(sub, item)
-            else:
-                _fix_int64(sub, value)
-        elif field.type in _INT64_TYPES:
-            d[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
-
-
 def model_config_json(config: mc.ModelConfig) -> str:
-    """Triton's JSON form of a model config (as given in ``args["model_config"]``).
-
-    Field names as in the proto, fields without presence printed even at their default
-    (``"max_batch_size": 0``, ``"input": []``), 64-bit integers as numbers.
-    """
-    d = json_format.MessageToDict(
-        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    _fix_int64(config.DESCRIPTOR, d)
-    return json.dumps(d)
+    """Triton's JSON form of a model config (as given in ``args["model_config"]``)."""
+    return json.dumps(config_to_json_dict(config))
 
 
 def instance_names(config: mc.ModelConfig) -> list[tuple[str, str, int]]:
@@ -286,9 +246,9 @@ class PythonInstance:
             extra={"ipc_ns": max(t2 - t1 - worker_ns, 0)},
         )
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float | None = None) -> None:
         with contextlib.suppress(BaseException):
-            await self.worker.stop()
+            await self.worker.stop(grace)
         self._outputs.close()
         self._inputs.close()
         unlink_prefix(self._setup.shm_prefix)

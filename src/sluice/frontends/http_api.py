@@ -32,16 +32,14 @@ from typing import Any
 from urllib.parse import unquote
 
 import uvicorn
-from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import Message
 
 from ..errors import InvalidArgument, ServerError, Status, Unsupported
 from ..protocol.http_codec import decode_infer_request, encode_infer_response
+from ..repository.model_config import config_to_json_dict
 from ..service import InferenceService
 from .errors import http_error
 
-__all__ = ["HttpFrontend", "make_http_server", "start_http_server", "config_to_json_dict"]
+__all__ = ["HttpFrontend", "make_http_server", "start_http_server"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -152,54 +150,6 @@ def _params(doc: dict[str, Any], what: str) -> dict[str, Any]:
     if type(params) is not dict:
         raise InvalidArgument(f"the {what} request field 'parameters' must be a JSON object")
     return params
-
-
-# --------------------------------------------------------------------------- config JSON
-_INT64 = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_FIXED64,
-        FieldDescriptor.TYPE_SFIXED64,
-    }
-)
-
-
-def _fix_int64(doc: dict[str, Any], desc: Descriptor) -> None:
-    """MessageToDict writes 64-bit integers as strings (proto3 JSON); Triton writes numbers."""
-    for f in desc.fields:
-        v = doc.get(f.name)
-        if v is None:
-            continue
-        mt = f.message_type
-        if mt is not None:
-            if mt.GetOptions().map_entry:
-                vf = mt.fields_by_name["value"]
-                if vf.message_type is not None:
-                    for item in v.values():
-                        _fix_int64(item, vf.message_type)
-                elif vf.type in _INT64:
-                    for k in v:
-                        v[k] = int(v[k])
-            elif isinstance(v, list):
-                for item in v:
-                    _fix_int64(item, mt)
-            else:
-                _fix_int64(v, mt)
-        elif f.type in _INT64:
-            doc[f.name] = [int(x) for x in v] if isinstance(v, list) else int(v)
-
-
-def config_to_json_dict(config: Message) -> dict[str, Any]:
-    """ModelConfig -> Triton's JSON form: proto field names, defaults printed, int64 as numbers."""
-    doc = json_format.MessageToDict(
-        config,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
-    _fix_int64(doc, config.DESCRIPTOR)
-    return doc
 
 
 # --------------------------------------------------------------------------- the application

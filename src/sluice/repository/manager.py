@@ -343,7 +343,8 @@ class ModelManager:
                 sv.scheduler.fail_queued(err)
         for rec in self.records.values():
             rec.set_serving({})
-        await asyncio.gather(*(sv.scheduler.stop() for sv in serving), return_exceptions=True)
+        grace = None if drained else 0.0
+        await asyncio.gather(*(sv.scheduler.stop(grace) for sv in serving), return_exceptions=True)
         for root in self._override_dirs.values():
             shutil.rmtree(root, ignore_errors=True)
         return drained

@@ -260,11 +260,11 @@ class Scheduler:
                     job.future.set_exception(error)
         self._maybe_idle()
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float | None = None) -> None:
         if self._timer is not None:
             self._timer.cancel()
         for inst in self._instances:
             try:
-                await inst.stop()
+                await inst.stop(grace)
             except Exception:  # stop must not raise; log and go on
                 log.exception("stopping instance %s", getattr(inst, "name", "?"))

@@ -147,8 +147,10 @@ class WorkerClient:
                     await drain
             raise
 
-    async def stop(self) -> None:
-        """Finalize, then terminate / kill if needed. Never raises."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Finalize (waiting up to ``grace``, default ``stop_timeout``), then terminate / kill
+        if needed. ``grace=0`` kills at once (shutdown past --exit-timeout-secs). Never raises."""
+        timeout = self.stop_timeout if grace is None else max(0.0, grace)
         self._stopping = True
         task = self._start_task
         if task is not None and not task.done():
@@ -158,16 +160,16 @@ class WorkerClient:
         if child is None:
             return
         try:
-            if child.ready and self._loop is not None:
+            if child.ready and self._loop is not None and timeout > 0:
                 fut = self._loop.create_future()
                 msg_id = self.next_id()
                 self._pending[msg_id] = fut
                 try:
                     child.tx.send_bytes(encode(Stop(msg_id)))
-                    await asyncio.wait_for(asyncio.shield(fut), self.stop_timeout)
+                    await asyncio.wait_for(asyncio.shield(fut), timeout)
                 except (TimeoutError, OSError, ServerError):
                     pass
-            await _wait_exit(child.proc, self.stop_timeout)
+            await _wait_exit(child.proc, timeout)
         except BaseException:  # noqa: BLE001 - stop must not raise; kill below
             pass
         finally:
