@@ -27,24 +27,45 @@ def free_port() -> int:
 class ServerProcess:
     """``sluice serve`` in a child process; stopped by its PID."""
 
-    def __init__(self, repo: Path, *flags: str, env: dict[str, str] | None = None,
-                 ports: tuple[int, int, int] | None = None) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        *flags: str,
+        env: dict[str, str] | None = None,
+        ports: tuple[int, int, int] | None = None,
+    ) -> None:
         self.repo = repo
         self.http_port, self.grpc_port, self.metrics_port = ports or (
-            free_port(), free_port(), free_port())
+            free_port(),
+            free_port(),
+            free_port(),
+        )
         self.http = f"127.0.0.1:{self.http_port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         self.metrics = f"127.0.0.1:{self.metrics_port}"
         self.log_path = repo.parent / f"server-{self.http_port}.log"
         self.cmd = [
-            sys.executable, "-m", "sluice", "serve", f"--model-repository={repo}",
-            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
-            f"--metrics-port={self.metrics_port}", "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", *flags,
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            f"--model-repository={repo}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--metrics-address=127.0.0.1",
+            *flags,
         ]
         self._log = open(self.log_path, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
         self.children: list[psutil.Process] = []
 
     def log(self) -> str:

@@ -36,16 +36,27 @@ class TritonPythonModel:
 """
 
 
-def identity(repo: Path, name: str = "identity", dtype: str = "TYPE_FP32", dims: str = "[ -1 ]",
-             max_batch_size: int = 8, extra: str = "") -> Path:
-    return write_model(repo, name, f"""
+def identity(
+    repo: Path,
+    name: str = "identity",
+    dtype: str = "TYPE_FP32",
+    dims: str = "[ -1 ]",
+    max_batch_size: int = 8,
+    extra: str = "",
+) -> Path:
+    return write_model(
+        repo,
+        name,
+        f"""
         name: "{name}"
         backend: "python"
         max_batch_size: {max_batch_size}
         input [ {{ name: "INPUT0", data_type: {dtype}, dims: {dims} }} ]
         output [ {{ name: "OUTPUT0", data_type: {dtype}, dims: {dims} }} ]
         {extra}
-        """, IDENTITY_PY)
+        """,
+        IDENTITY_PY,
+    )
 
 
 SLEEP_PY = """
@@ -69,9 +80,18 @@ class TritonPythonModel:
 """
 
 
-def sleep_model(repo: Path, name: str = "sleep", ms: int = 50, count: int = 1,
-                max_batch_size: int = 8, extra: str = "") -> Path:
-    return write_model(repo, name, f"""
+def sleep_model(
+    repo: Path,
+    name: str = "sleep",
+    ms: int = 50,
+    count: int = 1,
+    max_batch_size: int = 8,
+    extra: str = "",
+) -> Path:
+    return write_model(
+        repo,
+        name,
+        f"""
         name: "{name}"
         backend: "python"
         max_batch_size: {max_batch_size}
@@ -80,7 +100,9 @@ def sleep_model(repo: Path, name: str = "sleep", ms: int = 50, count: int = 1,
         instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
         parameters {{ key: "sleep_ms" value: {{ string_value: "{ms}" }} }}
         {extra}
-        """, SLEEP_PY)
+        """,
+        SLEEP_PY,
+    )
 
 
 FAIL_PY = """
@@ -109,23 +131,33 @@ class TritonPythonModel:
 
 def fail_model(repo: Path, name: str = "faulty") -> Path:
     """INPUT0 == 13 raises, == 666 kills the worker, < 0 returns a per-request error."""
-    return write_model(repo, name, f"""
+    return write_model(
+        repo,
+        name,
+        f"""
         name: "{name}"
         backend: "python"
         max_batch_size: 8
         input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        """, FAIL_PY)
+        """,
+        FAIL_PY,
+    )
 
 
 def broken_config(repo: Path, name: str = "broken") -> Path:
-    return write_model(repo, name, f"""
+    return write_model(
+        repo,
+        name,
+        f"""
         name: "{name}"
         backend: "python"
         max_batch_size: 8
         input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dimz: [ 1 ] }} ]
-        """, IDENTITY_PY)
+        """,
+        IDENTITY_PY,
+    )
 
 
 # --- helpers added for tests/e2e (append only) ---------------------------------------------
@@ -149,17 +181,23 @@ class TritonPythonModel:
 """
 
 
-def slow_init_model(repo: Path, name: str = "slow_init", init_s: float = 2.0,
-                    max_batch_size: int = 8) -> Path:
+def slow_init_model(
+    repo: Path, name: str = "slow_init", init_s: float = 2.0, max_batch_size: int = 8
+) -> Path:
     """Identity FP32 [1] model whose initialize() sleeps ``init_s`` seconds."""
-    return write_model(repo, name, f"""
+    return write_model(
+        repo,
+        name,
+        f"""
         name: "{name}"
         backend: "python"
         max_batch_size: {max_batch_size}
         input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         parameters {{ key: "init_sleep_s" value: {{ string_value: "{init_s}" }} }}
-        """, SLOW_INIT_PY)
+        """,
+        SLOW_INIT_PY,
+    )
 
 
 INIT_FAIL_PY = """
@@ -174,13 +212,18 @@ class TritonPythonModel:
 
 def init_fail_model(repo: Path, name: str = "init_fail") -> Path:
     """A model whose initialize() raises ``RuntimeError("init exploded")``."""
-    return write_model(repo, name, f"""
+    return write_model(
+        repo,
+        name,
+        f"""
         name: "{name}"
         backend: "python"
         max_batch_size: 8
         input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        """, INIT_FAIL_PY)
+        """,
+        INIT_FAIL_PY,
+    )
 
 
 def version_model_py(version: int) -> str:
@@ -204,24 +247,31 @@ def versioned_model(repo: Path, name: str, versions: list[int], policy: str = ""
     for v in versions:
         (mdir / str(v)).mkdir(parents=True, exist_ok=True)
         (mdir / str(v) / "model.py").write_text(textwrap.dedent(version_model_py(v)))
-    (mdir / "config.pbtxt").write_text(textwrap.dedent(f"""
+    (mdir / "config.pbtxt").write_text(
+        textwrap.dedent(f"""
         name: "{name}"
         backend: "python"
         max_batch_size: 8
         input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         {policy}
-        """))
+        """)
+    )
     return mdir
 
 
 def fail_model_batched(repo: Path, name: str = "faulty_batched", delay_us: int = 300000) -> Path:
     """``fail_model`` with dynamic batching: concurrent requests reach execute() together."""
-    return write_model(repo, name, f"""
+    return write_model(
+        repo,
+        name,
+        f"""
         name: "{name}"
         backend: "python"
         max_batch_size: 8
         input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
         dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
-        """, FAIL_PY)
+        """,
+        FAIL_PY,
+    )

@@ -35,12 +35,23 @@ def _port(text: str) -> int:
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-repository", "--model-store", dest="model_repository",
-                   action="append", required=True, metavar="PATH",
-                   help="model repository path (repeatable)")
+    p.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="model_repository",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="model repository path (repeatable)",
+    )
     p.add_argument("--model-control-mode", choices=ControlMode.ALL, default=ControlMode.NONE)
-    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
-                   help="model to load at start in explicit mode (repeatable; '*' = all, alone)")
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="model to load at start in explicit mode (repeatable; '*' = all, alone)",
+    )
     p.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
@@ -49,43 +60,73 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=_port, default=8002)
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--grpc-address", default="0.0.0.0")
-    p.add_argument("--metrics-address", default=None,
-                   help="defaults to --http-address, as in Triton")
+    p.add_argument(
+        "--metrics-address", default=None, help="defaults to --http-address, as in Triton"
+    )
     p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--allow-gpu-metrics", type=_bool, default=False, metavar="BOOL",
-                   help="accepted for compatibility; sluice exports no GPU metrics")
+    p.add_argument(
+        "--allow-gpu-metrics",
+        type=_bool,
+        default=False,
+        metavar="BOOL",
+        help="accepted for compatibility; sluice exports no GPU metrics",
+    )
     p.add_argument("--metrics-interval-ms", type=int, default=2000)
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
-                   help="deprecated: true means --disable-auto-complete-config")
-    p.add_argument("--backend-config", action="append", default=[],
-                   metavar="<backend>,<setting>=<value>")
-    p.add_argument("--exit-on-error", type=_bool, default=True, metavar="BOOL",
-                   help="exit if a model fails to load at start (as tritonserver)")
+    p.add_argument(
+        "--strict-model-config",
+        type=_bool,
+        default=None,
+        metavar="BOOL",
+        help="deprecated: true means --disable-auto-complete-config",
+    )
+    p.add_argument(
+        "--backend-config", action="append", default=[], metavar="<backend>,<setting>=<value>"
+    )
+    p.add_argument(
+        "--exit-on-error",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="exit if a model fails to load at start (as tritonserver)",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-error", type=_bool, default=True, metavar="BOOL")
     # Accepted so that tritonserver command lines run unchanged; no effect on CPU.
-    for flag in ("--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size",
-                 "--min-supported-compute-capability", "--model-load-thread-count",
-                 "--id", "--log-format", "--log-file", "--buffer-manager-thread-count",
-                 "--backend-directory", "--repoagent-directory", "--cache-directory"):
+    for flag in (
+        "--pinned-memory-pool-byte-size",
+        "--cuda-memory-pool-byte-size",
+        "--min-supported-compute-capability",
+        "--model-load-thread-count",
+        "--id",
+        "--log-format",
+        "--log-file",
+        "--buffer-manager-thread-count",
+        "--backend-directory",
+        "--repoagent-directory",
+        "--cache-directory",
+    ):
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description="Triton-compatible inference server")
+    parser = argparse.ArgumentParser(
+        prog="sluice", description="Triton-compatible inference server"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the server (tritonserver's flags)")
     _add_serve_flags(serve)
     return parser
 
 
-def _backend_config(items: list[str], parser: argparse.ArgumentParser) -> tuple[tuple[str, str, str], ...]:
+def _backend_config(
+    items: list[str], parser: argparse.ArgumentParser
+) -> tuple[tuple[str, str, str], ...]:
     out = []
     for item in items:
         backend, sep, rest = item.partition(",")

@@ -42,69 +42,120 @@ class TritonCollector(Collector):
                     yield st
 
     def collect(self) -> Iterator[Metric]:
-        success = _counter("nv_inference_request_success",
-                           "Number of successful inference requests, all batch sizes")
-        failure = _counter("nv_inference_request_failure",
-                           "Number of failed inference requests, all batch sizes")
-        count = _counter("nv_inference_count",
-                         "Number of inferences performed (does not include cached requests)")
-        execs = _counter("nv_inference_exec_count",
-                         "Number of model executions performed (does not include cached requests)")
-        req_us = _counter("nv_inference_request_duration_us",
-                          "Cumulative inference request duration in microseconds (includes cached requests)")
-        queue_us = _counter("nv_inference_queue_duration_us",
-                            "Cumulative inference queuing duration in microseconds (includes cached requests)")
-        cin_us = _counter("nv_inference_compute_input_duration_us",
-                          "Cumulative compute input duration in microseconds (does not include cached requests)")
-        cinf_us = _counter("nv_inference_compute_infer_duration_us",
-                           "Cumulative compute inference duration in microseconds (does not include cached requests)")
-        cout_us = _counter("nv_inference_compute_output_duration_us",
-                           "Cumulative inference compute output duration in microseconds (does not include cached requests)")
-        pending = GaugeMetricFamily("nv_inference_pending_request_count",
-                                    "Instantaneous number of pending requests awaiting execution per-model.",
-                                    labels=_LABELS)
-        load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds",
-                                 labels=_LABELS)
+        success = _counter(
+            "nv_inference_request_success",
+            "Number of successful inference requests, all batch sizes",
+        )
+        failure = _counter(
+            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes"
+        )
+        count = _counter(
+            "nv_inference_count",
+            "Number of inferences performed (does not include cached requests)",
+        )
+        execs = _counter(
+            "nv_inference_exec_count",
+            "Number of model executions performed (does not include cached requests)",
+        )
+        req_us = _counter(
+            "nv_inference_request_duration_us",
+            "Cumulative inference request duration in microseconds (includes cached requests)",
+        )
+        queue_us = _counter(
+            "nv_inference_queue_duration_us",
+            "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        )
+        cin_us = _counter(
+            "nv_inference_compute_input_duration_us",
+            "Cumulative compute input duration in microseconds (does not include cached requests)",
+        )
+        cinf_us = _counter(
+            "nv_inference_compute_infer_duration_us",
+            "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        )
+        cout_us = _counter(
+            "nv_inference_compute_output_duration_us",
+            "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        )
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            labels=_LABELS,
+        )
+        load = GaugeMetricFamily(
+            "nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS
+        )
         hists = {
             "request": HistogramMetricFamily(
                 "nv_inference_request_duration_histogram_us",
-                "Histogram of whole-request durations in microseconds (server side)", labels=_LABELS),
+                "Histogram of whole-request durations in microseconds (server side)",
+                labels=_LABELS,
+            ),
             "queue": HistogramMetricFamily(
                 "nv_inference_queue_duration_histogram_us",
-                "Histogram of queue durations in microseconds", labels=_LABELS),
+                "Histogram of queue durations in microseconds",
+                labels=_LABELS,
+            ),
             "compute": HistogramMetricFamily(
                 "nv_inference_compute_duration_histogram_us",
                 "Histogram of compute (input + infer + output) durations in microseconds",
-                labels=_LABELS),
+                labels=_LABELS,
+            ),
         }
         for st in self._stats():
             lv = {"model": st.name, "version": st.version}
             labels = [st.name, st.version]
             success.add_sample("nv_inference_request_success", lv, st.success.count)
             for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
-                failure.add_sample("nv_inference_request_failure", {**lv, "reason": reason},
-                                   st.fail_reasons.get(reason, 0))
+                failure.add_sample(
+                    "nv_inference_request_failure",
+                    {**lv, "reason": reason},
+                    st.fail_reasons.get(reason, 0),
+                )
             count.add_sample("nv_inference_count", lv, st.inference_count)
             execs.add_sample("nv_inference_exec_count", lv, st.execution_count)
-            req_us.add_sample("nv_inference_request_duration_us", lv,
-                              (st.success.ns + st.fail.ns) // 1000)
+            req_us.add_sample(
+                "nv_inference_request_duration_us", lv, (st.success.ns + st.fail.ns) // 1000
+            )
             queue_us.add_sample("nv_inference_queue_duration_us", lv, st.queue.ns // 1000)
-            cin_us.add_sample("nv_inference_compute_input_duration_us", lv, st.compute_input.ns // 1000)
-            cinf_us.add_sample("nv_inference_compute_infer_duration_us", lv, st.compute_infer.ns // 1000)
-            cout_us.add_sample("nv_inference_compute_output_duration_us", lv,
-                               st.compute_output.ns // 1000)
+            cin_us.add_sample(
+                "nv_inference_compute_input_duration_us", lv, st.compute_input.ns // 1000
+            )
+            cinf_us.add_sample(
+                "nv_inference_compute_infer_duration_us", lv, st.compute_infer.ns // 1000
+            )
+            cout_us.add_sample(
+                "nv_inference_compute_output_duration_us", lv, st.compute_output.ns // 1000
+            )
             pending.add_metric(labels, st.pending)
             load.add_metric(labels, st.load_duration_secs)
-            for key, hist in (("request", st.request_hist), ("queue", st.queue_hist),
-                              ("compute", st.compute_hist)):
+            for key, hist in (
+                ("request", st.request_hist),
+                ("queue", st.queue_hist),
+                ("compute", st.compute_hist),
+            ):
                 hists[key].add_metric(labels, _buckets(hist), hist.sum_us)
-        yield from (success, failure, count, execs, req_us, queue_us, cin_us, cinf_us, cout_us,
-                    pending, load, *hists.values())
+        yield from (
+            success,
+            failure,
+            count,
+            execs,
+            req_us,
+            queue_us,
+            cin_us,
+            cinf_us,
+            cout_us,
+            pending,
+            load,
+            *hists.values(),
+        )
         if self.cpu_metrics:
             util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
             util.add_metric([], psutil.cpu_percent(interval=None) / 100.0)
             vm = psutil.virtual_memory()
-            total = GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes")
+            total = GaugeMetricFamily(
+                "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes"
+            )
             total.add_metric([], float(vm.total))
             used = GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes")
             used.add_metric([], float(vm.total - vm.available))

@@ -52,20 +52,33 @@ class Server:
         cfg = self.config
         if cfg.allow_http:
             self._http, task, self.http_port = await start_http_server(
-                HttpFrontend(self.service), cfg.http_address, cfg.http_port,
-                timeout_graceful_shutdown=2)
+                HttpFrontend(self.service),
+                cfg.http_address,
+                cfg.http_port,
+                timeout_graceful_shutdown=2,
+            )
             self._tasks.append(task)
         if cfg.allow_grpc:
             self._grpc, self.grpc_port = await start_grpc_server(
-                self.service, cfg.grpc_address, cfg.grpc_port)
+                self.service, cfg.grpc_address, cfg.grpc_port
+            )
         if cfg.allow_metrics:
             self._metrics, task, self.metrics_port = await start_http_server(
-                metrics_app(self.manager, cfg.allow_cpu_metrics), cfg.metrics_address,
-                cfg.metrics_port, timeout_graceful_shutdown=1)
+                metrics_app(self.manager, cfg.allow_cpu_metrics),
+                cfg.metrics_address,
+                cfg.metrics_port,
+                timeout_graceful_shutdown=1,
+            )
             self._tasks.append(task)
-        log.info("HTTP on %s:%s, gRPC on %s:%s, metrics on %s:%s", cfg.http_address,
-                 self.http_port, cfg.grpc_address, self.grpc_port, cfg.metrics_address,
-                 self.metrics_port)
+        log.info(
+            "HTTP on %s:%s, gRPC on %s:%s, metrics on %s:%s",
+            cfg.http_address,
+            self.http_port,
+            cfg.grpc_address,
+            self.grpc_port,
+            cfg.metrics_address,
+            self.metrics_port,
+        )
 
     async def serve(self) -> int:
         await self._start_frontends()
@@ -74,8 +87,10 @@ class Server:
         if failed:
             log.error("failed to load model(s): %s", ", ".join(failed))
             if self.config.exit_on_error:
-                log.error("exiting: some models failed to load at start (--exit-on-error=true; "
-                          "pass --exit-on-error=false to keep serving the others)")
+                log.error(
+                    "exiting: some models failed to load at start (--exit-on-error=true; "
+                    "pass --exit-on-error=false to keep serving the others)"
+                )
                 await self.shutdown()
                 return 1
         await self._stop.wait()
@@ -84,15 +99,20 @@ class Server:
     async def shutdown(self) -> int:
         timeout = self.config.exit_timeout_secs
         deadline = time.monotonic() + timeout
-        log.info("shutting down: readiness off, new inference refused, waiting up to %gs for "
-                 "in-flight requests", timeout)
+        log.info(
+            "shutting down: readiness off, new inference refused, waiting up to %gs for "
+            "in-flight requests",
+            timeout,
+        )
         self.service.stop_accepting()
         drained = await self.service.wait_idle(timeout)
         remaining = max(0.0, deadline - time.monotonic())
         drained = await self.manager.shutdown(remaining if drained else 0.0) and drained
         if not drained:
-            log.error("in-flight requests did not finish within --exit-timeout-secs=%g; "
-                      "they were failed", timeout)
+            log.error(
+                "in-flight requests did not finish within --exit-timeout-secs=%g; they were failed",
+                timeout,
+            )
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         for srv in (self._http, self._metrics):

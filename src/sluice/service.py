@@ -44,7 +44,9 @@ def _int_param(params: dict[str, Any], key: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise InvalidArgument(f"request parameter '{key}' must be an integer, got '{value}'") from None
+        raise InvalidArgument(
+            f"request parameter '{key}' must be an integer, got '{value}'"
+        ) from None
 
 
 class InferenceService:
@@ -92,8 +94,10 @@ class InferenceService:
         batch = (-1,) if sv.max_batch_size > 0 else ()
 
         def tensors(infos: dict[str, TensorInfo]) -> list[dict[str, Any]]:
-            return [{"name": t.name, "datatype": t.datatype, "shape": [*batch, *t.dims]}
-                    for t in infos.values()]
+            return [
+                {"name": t.name, "datatype": t.datatype, "shape": [*batch, *t.dims]}
+                for t in infos.values()
+            ]
 
         return {
             "name": name,
@@ -114,7 +118,11 @@ class InferenceService:
         stats = sv.stats
         # Client mistakes are refused before the model sees them and, as in Triton, are not
         # counted as inference failures.
-        batch, key = check_request(request, sv)
+        try:
+            batch, key = check_request(request, sv)
+        except InvalidArgument as exc:
+            exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
+            raise
         params = request.parameters
         priority = _int_param(params, "priority") if params else 0
         timeout = _int_param(params, "timeout") if params else 0
@@ -127,8 +135,10 @@ class InferenceService:
                 if self._idle is not None and self._inflight == 0:
                     self._idle.set()
         except ServerError as exc:
-            stats.record_failure(time.monotonic_ns() - arrival,
-                                 "REJECTED" if isinstance(exc, Unavailable) else "BACKEND")
+            stats.record_failure(
+                time.monotonic_ns() - arrival,
+                "REJECTED" if isinstance(exc, Unavailable) else "BACKEND",
+            )
             raise
         response.model_name = request.model_name
         response.model_version = sv.version_str
@@ -140,8 +150,9 @@ class InferenceService:
             missing = [o.name for o in wanted if o.name not in outs]
             if missing:
                 stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
-                raise InvalidArgument(f"model '{request.model_name}' did not produce requested "
-                                      f"output(s) {missing}")
+                raise InvalidArgument(
+                    f"model '{request.model_name}' did not produce requested output(s) {missing}"
+                )
             response.outputs = {o.name: outs[o.name] for o in wanted}
         dts = response.output_datatypes
         for out_name, arr in response.outputs.items():
@@ -168,7 +179,8 @@ class InferenceService:
             # Triton's status (503) and words, plus the mode actually in force.
             raise Unavailable(
                 "explicit model load / unload is not allowed if polling is enabled "
-                f"(--model-control-mode={mode}; use --model-control-mode=explicit)")
+                f"(--model-control-mode={mode}; use --model-control-mode=explicit)"
+            )
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.manager.index(ready_only)
@@ -189,8 +201,12 @@ class InferenceService:
     # --- statistics -----------------------------------------------------------
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         if not name:
-            stats = [st.as_dict() for rec in self.manager.records.values()
-                     for v, st in sorted(rec.stats.items()) if v in rec.serving]
+            stats = [
+                st.as_dict()
+                for rec in self.manager.records.values()
+                for v, st in sorted(rec.stats.items())
+                if v in rec.serving
+            ]
             return {"model_stats": stats}
         check_model_name(name)
         try:
@@ -198,7 +214,8 @@ class InferenceService:
         except ServerError:
             if version:
                 raise InvalidArgument(
-                    f"requested model version is not available for model '{name}'") from None
+                    f"requested model version is not available for model '{name}'"
+                ) from None
             raise InvalidArgument(f"requested model '{name}' is not available") from None
         if version:
             return {"model_stats": [sv.stats.as_dict()]}
@@ -208,8 +225,9 @@ class InferenceService:
 
 def _datatype_of(name: str, arr: np.ndarray, sv: ServingVersion) -> str:
     info = sv.outputs.get(name)
-    if info is not None and (arr.dtype == info.dtype or
-                             (info.datatype == "BYTES" and arr.dtype.kind in "OSU")):
+    if info is not None and (
+        arr.dtype == info.dtype or (info.datatype == "BYTES" and arr.dtype.kind in "OSU")
+    ):
         return info.datatype
     dt = numpy_to_kserve(arr.dtype)
     if dt is None:

@@ -18,8 +18,24 @@ __all__ = ["Duration", "Histogram", "ModelStats", "BUCKETS_US"]
 
 # Upper bounds (us) for latency histograms: 50us .. 60s, roughly x2 steps.
 BUCKETS_US: tuple[float, ...] = (
-    50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
-    500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 60_000_000,
+    50,
+    100,
+    250,
+    500,
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    60_000_000,
 )
 
 
@@ -79,8 +95,9 @@ class ModelStats:
     compute_hist: Histogram = field(default_factory=Histogram)
     load_duration_secs: float = 0.0
 
-    def record_execution(self, batch_size: int, n_requests: int, cin: int, cinf: int,
-                         cout: int) -> None:
+    def record_execution(
+        self, batch_size: int, n_requests: int, cin: int, cinf: int, cout: int
+    ) -> None:
         """One backend execution of ``n_requests`` requests totalling ``batch_size`` items."""
         self.execution_count += 1
         self.inference_count += batch_size

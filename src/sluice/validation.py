@@ -28,7 +28,8 @@ def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any
         missing = sorted(sv.required_inputs.difference(inputs))
         raise InvalidArgument(
             f"expected {len(sv.required_inputs)} inputs but got {len(inputs)} inputs for model "
-            f"'{name}'; missing required input(s) {missing}")
+            f"'{name}'; missing required input(s) {missing}"
+        )
     batching = sv.max_batch_size > 0
     batch = 1
     key: list[Any] = []
@@ -38,12 +39,14 @@ def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any
         if info is None:
             raise InvalidArgument(
                 f"unexpected inference input '{in_name}' for model '{name}'; expected inputs: "
-                f"{sorted(expected)}")
+                f"{sorted(expected)}"
+            )
         wire = req.input_datatypes.get(in_name)
         if wire is not None and wire != info.datatype:
             raise InvalidArgument(
                 f"inference input '{in_name}' data-type is '{wire}', but model '{name}' "
-                f"expects '{info.datatype}'")
+                f"expects '{info.datatype}'"
+            )
         shape = arr.shape
         dims = info.dims
         if batching:
@@ -51,7 +54,8 @@ def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any
                 raise InvalidArgument(
                     f"unexpected shape for input '{in_name}' for model '{name}'. Expected "
                     f"{_shape_str((-1, *dims))}, got {_shape_str(shape)} (the first dimension is "
-                    f"the batch size, max_batch_size {sv.max_batch_size})")
+                    f"the batch size, max_batch_size {sv.max_batch_size})"
+                )
             b = shape[0]
             if first:
                 batch = b
@@ -59,27 +63,35 @@ def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any
             elif b != batch:
                 raise InvalidArgument(
                     f"input '{in_name}' has batch size {b} but other inputs of the request have "
-                    f"batch size {batch}; all inputs must share the batch dimension")
+                    f"batch size {batch}; all inputs must share the batch dimension"
+                )
             rest = shape[1:]
         else:
             rest = shape
-        if len(rest) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, rest, strict=True)):
+        if len(rest) != len(dims) or any(
+            d != -1 and d != s for d, s in zip(dims, rest, strict=True)
+        ):
             expect = (-1, *dims) if batching else dims
             raise InvalidArgument(
                 f"unexpected shape for input '{in_name}' for model '{name}'. Expected "
-                f"{_shape_str(expect)}, got {_shape_str(shape)}")
+                f"{_shape_str(expect)}, got {_shape_str(shape)}"
+            )
         key.append(rest)
     if batching:
         if batch < 1:
-            raise InvalidArgument(f"inference request batch-size must be >= 1 for '{name}', got {batch}")
+            raise InvalidArgument(
+                f"inference request batch-size must be >= 1 for '{name}', got {batch}"
+            )
         if batch > sv.max_batch_size:
             raise InvalidArgument(
                 f"inference request batch-size must be <= {sv.max_batch_size} for '{name}', "
-                f"got {batch}")
+                f"got {batch}"
+            )
     if req.outputs and sv.outputs:
         for out in req.outputs:
             if out.name not in sv.outputs:
                 raise InvalidArgument(
                     f"unexpected inference output '{out.name}' for model '{name}'; outputs: "
-                    f"{sorted(sv.outputs)}")
+                    f"{sorted(sv.outputs)}"
+                )
     return batch, tuple(key)

@@ -102,11 +102,6 @@ def test_failed_reload_when_new_initialize_raises_keeps_old_version(srv):
     assert json.loads(srv.get("/v2/models/a/config")[1])["max_batch_size"] == 8
 
 
-@pytest.mark.xfail(
-    reason="BUG: a load whose initialize() raises answers 500, Triton answers 400 "
-    "(gRPC INVALID_ARGUMENT) 'load failed for model ...'",
-    strict=True,
-)
 def test_load_with_initialize_raising_is_400_like_triton(srv):
     code, raw = _load_init_raises(srv)
     assert code == 400, raw

@@ -51,12 +51,23 @@ def batch_server(tmp_path_factory, request):
 
     repo = tmp_path_factory.mktemp("batching") / "repo"
     repo.mkdir()
-    sleep_model(repo, "batched", ms=20, extra="dynamic_batching { max_queue_delay_microseconds: 2000 }")
+    sleep_model(
+        repo, "batched", ms=20, extra="dynamic_batching { max_queue_delay_microseconds: 2000 }"
+    )
     sleep_model(repo, "unbatched", ms=5)
-    identity(repo, "delayed", dims="[ 1 ]",
-             extra="dynamic_batching { max_queue_delay_microseconds: 300000 }")
-    identity(repo, "preferred", dims="[ 1 ]", extra="""dynamic_batching {
-        preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }""")
+    identity(
+        repo,
+        "delayed",
+        dims="[ 1 ]",
+        extra="dynamic_batching { max_queue_delay_microseconds: 300000 }",
+    )
+    identity(
+        repo,
+        "preferred",
+        dims="[ 1 ]",
+        extra="""dynamic_batching {
+        preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }""",
+    )
     srv = ServerProcess(repo)
     srv.wait_ready()
     yield srv
@@ -133,15 +144,25 @@ def test_metrics_equal_statistics_and_carry_triton_names(batch_server):
     assert value("nv_inference_exec_count") == st["execution_count"]
     assert value("nv_inference_queue_duration_us") == st["inference_stats"]["queue"]["ns"] // 1000
     assert value("nv_inference_compute_infer_duration_us") == (
-        st["inference_stats"]["compute_infer"]["ns"] // 1000)
-    assert re.search(r'nv_inference_request_failure\{model="unbatched",reason="BACKEND",version="1"\} 0', text)
-    for name in ("nv_inference_request_duration_us", "nv_inference_compute_input_duration_us",
-                 "nv_inference_compute_output_duration_us", "nv_inference_pending_request_count",
-                 "nv_model_load_duration_secs"):
+        st["inference_stats"]["compute_infer"]["ns"] // 1000
+    )
+    assert re.search(
+        r'nv_inference_request_failure\{model="unbatched",reason="BACKEND",version="1"\} 0', text
+    )
+    for name in (
+        "nv_inference_request_duration_us",
+        "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_output_duration_us",
+        "nv_inference_pending_request_count",
+        "nv_model_load_duration_secs",
+    ):
         value(name)
     for name in ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"):
         assert re.search(rf"^{name} \S+$", text, re.M), name
-    assert re.search(r'nv_inference_request_duration_histogram_us_bucket\{le="\+Inf",model="unbatched",version="1"\}', text)
+    assert re.search(
+        r'nv_inference_request_duration_histogram_us_bucket\{le="\+Inf",model="unbatched",version="1"\}',
+        text,
+    )
     assert "# TYPE nv_inference_request_success untyped" in text
 
 
@@ -175,13 +196,31 @@ def test_instance_count_runs_concurrently(tmp_path: Path, start_server):
 def _queue_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
-    sleep_model(repo, "queued", ms=400, max_batch_size=1, extra="""dynamic_batching {
-        default_queue_policy { max_queue_size: 2 } }""")
-    sleep_model(repo, "timed", ms=400, max_batch_size=1, extra="""dynamic_batching {
+    sleep_model(
+        repo,
+        "queued",
+        ms=400,
+        max_batch_size=1,
+        extra="""dynamic_batching {
+        default_queue_policy { max_queue_size: 2 } }""",
+    )
+    sleep_model(
+        repo,
+        "timed",
+        ms=400,
+        max_batch_size=1,
+        extra="""dynamic_batching {
         default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 100000
-                               allow_timeout_override: true } }""")
-    sleep_model(repo, "prio", ms=150, max_batch_size=1, extra="""dynamic_batching {
-        priority_levels: 2 default_priority_level: 2 }""")
+                               allow_timeout_override: true } }""",
+    )
+    sleep_model(
+        repo,
+        "prio",
+        ms=150,
+        max_batch_size=1,
+        extra="""dynamic_batching {
+        priority_levels: 2 default_priority_level: 2 }""",
+    )
     return repo
 
 

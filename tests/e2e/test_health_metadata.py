@@ -185,10 +185,6 @@ def test_strict_readiness_not_ready_while_startup_model_loads(tmp_path: Path, st
     assert _grpc_ready(srv) is True
 
 
-@pytest.mark.xfail(
-    reason="BUG: while a model loads the index entry has no state (Triton and the issue: LOADING)",
-    strict=True,
-)
 def test_index_shows_loading_while_model_loads(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     slow_init_model(repo, "slow_init", init_s=3.0)

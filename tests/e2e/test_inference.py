@@ -518,9 +518,6 @@ def test_http_errors(srv, case):
     _good_grpc(srv)
 
 
-@pytest.mark.xfail(
-    reason="BUG: validation errors drop Triton's '[request id: <id>] ' prefix", strict=True
-)
 def test_http_error_message_carries_request_id(srv):
     code, raw = post(
         srv, "/v2/models/add_sub/infer", {"id": "req-42", "inputs": ADD_SUB_GOOD["inputs"][:1]}

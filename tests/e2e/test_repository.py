@@ -227,11 +227,6 @@ def test_broken_config_load_error_names_file_line_field(tmp_path: Path, start_se
     assert infer_fp32(srv, "ok", 1.0)[0] == 200
 
 
-@pytest.mark.xfail(
-    reason="BUG: /config omits Triton's filled defaults (version_policy latest 1, "
-    "default_model_filename model.py)",
-    strict=True,
-)
 def test_config_json_fills_triton_defaults(repo_server):
     cfg = json.loads(repo_server.get("/v2/models/parsed/config")[1])
     assert cfg.get("version_policy") == {"latest": {"num_versions": 1}}, cfg

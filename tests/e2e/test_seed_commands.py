@@ -24,8 +24,9 @@ def _ports_free(*ports: int) -> bool:
 
 
 def curl(cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "-c", cmd + " -w '\\n%{http_code}'"], capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        ["bash", "-c", cmd + " -w '\\n%{http_code}'"], capture_output=True, text=True, timeout=30
+    )
 
 
 def test_seed_curl_sequence_verbatim(tmp_path: Path, start_server):
@@ -60,10 +61,17 @@ def test_seed_curl_sequence_verbatim(tmp_path: Path, start_server):
     assert code == 400
     body, code = seed("curl -X POST localhost:8000/v2/repository/models/add_sub/load")
     assert code == 200, body
-    r = subprocess.run(["bash", "-c",
-                        f"curl -s {mhost}/metrics | grep -E "
-                        "'nv_inference_(request_success|queue_duration|compute_infer)'"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"curl -s {mhost}/metrics | grep -E "
+            "'nv_inference_(request_success|queue_duration|compute_infer)'",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0
     assert 'nv_inference_request_success{model="add_sub",version="1"}' in r.stdout
     assert "nv_inference_queue_duration_us" in r.stdout
@@ -74,7 +82,10 @@ def test_seed_curl_sequence_verbatim(tmp_path: Path, start_server):
 def test_bad_flags_are_clear_errors(flag, tmp_path: Path):
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "sluice", "serve",
-                        f"--model-repository={tmp_path}", flag],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "sluice", "serve", f"--model-repository={tmp_path}", flag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr

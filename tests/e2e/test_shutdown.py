@@ -66,8 +66,13 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_sigterm_drains_in_flight_and_refuses_new_work(repo: Path, start_server):
-    srv = start_server(repo, "--model-control-mode=explicit", "--load-model=sleep",
-                       "--load-model=add_sub", "--exit-timeout-secs=20")
+    srv = start_server(
+        repo,
+        "--model-control-mode=explicit",
+        "--load-model=sleep",
+        "--load-model=add_sub",
+        "--exit-timeout-secs=20",
+    )
     workers = srv.snapshot_children()
     assert workers, "python models run in worker processes"
     results: dict = {}
@@ -103,8 +108,9 @@ def test_work_outlasting_exit_timeout_is_failed_and_exit_is_nonzero(tmp_path: Pa
     r = tmp_path / "repo"
     r.mkdir()
     sleep_model(r, ms=8000)
-    srv = start_server(r, "--model-control-mode=explicit", "--load-model=sleep",
-                       "--exit-timeout-secs=1")
+    srv = start_server(
+        r, "--model-control-mode=explicit", "--load-model=sleep", "--exit-timeout-secs=1"
+    )
     srv.snapshot_children()
     results: dict = {}
     t = _in_flight(srv, results)

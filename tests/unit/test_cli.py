@@ -7,11 +7,24 @@ from sluice.cli import parse_serve_args
 
 
 def test_triton_spellings():
-    c = parse_serve_args(["--model-repository=/r", "--model-control-mode=explicit",
-                          "--load-model=a", "--load-model", "b", "--strict-readiness=false",
-                          "--http-port=9000", "--grpc-port", "9001", "--metrics-port=9002",
-                          "--exit-timeout-secs=5", "--repository-poll-secs=2",
-                          "--disable-auto-complete-config", "--log-verbose=1"])
+    c = parse_serve_args(
+        [
+            "--model-repository=/r",
+            "--model-control-mode=explicit",
+            "--load-model=a",
+            "--load-model",
+            "b",
+            "--strict-readiness=false",
+            "--http-port=9000",
+            "--grpc-port",
+            "9001",
+            "--metrics-port=9002",
+            "--exit-timeout-secs=5",
+            "--repository-poll-secs=2",
+            "--disable-auto-complete-config",
+            "--log-verbose=1",
+        ]
+    )
     assert c.load_models == ("a", "b") and c.strict_readiness is False
     assert (c.http_port, c.grpc_port, c.metrics_port) == (9000, 9001, 9002)
     assert c.exit_timeout_secs == 5 and c.disable_auto_complete_config
@@ -19,13 +32,23 @@ def test_triton_spellings():
 
 def test_star_must_be_alone():
     with pytest.raises(SystemExit):
-        parse_serve_args(["--model-repository=/r", "--model-control-mode=explicit",
-                          "--load-model=*", "--load-model=a"])
+        parse_serve_args(
+            [
+                "--model-repository=/r",
+                "--model-control-mode=explicit",
+                "--load-model=*",
+                "--load-model=a",
+            ]
+        )
 
 
 def test_unknown_flag_is_a_clear_error_not_a_traceback():
-    r = subprocess.run([sys.executable, "-m", "sluice", "serve", "--model-repository=/r",
-                        "--no-such-flag=1"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "sluice", "serve", "--model-repository=/r", "--no-such-flag=1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "unrecognized arguments: --no-such-flag=1" in r.stderr
     assert "Traceback" not in r.stderr

@@ -24,8 +24,11 @@ def test_parse_error_names_file_line_and_field():
 
 def test_json_form_has_int64_as_numbers(tmp_path: Path):
     (tmp_path / "m" / "1").mkdir(parents=True)
-    c = parse_config_text('backend: "python" max_batch_size: 8 input [{name: "I" data_type: TYPE_FP32 dims: [4]}] '
-                          'dynamic_batching { max_queue_delay_microseconds: 500 }', "x")
+    c = parse_config_text(
+        'backend: "python" max_batch_size: 8 input [{name: "I" data_type: TYPE_FP32 dims: [4]}] '
+        "dynamic_batching { max_queue_delay_microseconds: 500 }",
+        "x",
+    )
     c = normalise(c, tmp_path / "m", [1])
     validate(c, "x")
     d = config_to_json_dict(c)
@@ -75,7 +78,10 @@ def test_version_policy():
 
 
 def test_dynamic_batching_needs_max_batch_size():
-    c = parse_config_text('name: "m" backend: "python" max_batch_size: 0 '
-                          'input [{name: "I" data_type: TYPE_FP32 dims: [4]}] dynamic_batching {}', "cfg")
+    c = parse_config_text(
+        'name: "m" backend: "python" max_batch_size: 0 '
+        'input [{name: "I" data_type: TYPE_FP32 dims: [4]}] dynamic_batching {}',
+        "cfg",
+    )
     with pytest.raises(InvalidArgument, match="max_batch_size"):
         validate(c, "cfg")

@@ -63,8 +63,12 @@ def list_models(repositories: tuple[Path, ...]) -> dict[str, Path]:
             if not entry.is_dir() or entry.name.startswith("."):
                 continue
             if entry.name in found:
-                log.warning("model '%s' is in more than one repository (%s and %s)",
-                            entry.name, found[entry.name].parent, repo)
+                log.warning(
+                    "model '%s' is in more than one repository (%s and %s)",
+                    entry.name,
+                    found[entry.name].parent,
+                    repo,
+                )
                 continue
             found[entry.name] = Path(entry.path)
     return found
@@ -94,12 +98,19 @@ def list_versions(model_dir: Path, warn: bool = True) -> list[int]:
             elif warn and not entry.name.startswith((".", "_")):
                 log.warning(
                     "model '%s': ignoring directory '%s': version directories must be numeric "
-                    "without a leading 0", model_dir.name, entry.path)
+                    "without a leading 0",
+                    model_dir.name,
+                    entry.path,
+                )
         elif warn and entry.name.endswith(_MODEL_FILE_SUFFIXES):
             log.warning(
                 "model '%s': file '%s' is at the model root and will not be loaded; move it into "
                 "a numeric version directory, e.g. %s/1/%s",
-                model_dir.name, entry.path, model_dir, entry.name)
+                model_dir.name,
+                entry.path,
+                model_dir,
+                entry.name,
+            )
     versions.sort()
     return versions
 
@@ -116,7 +127,8 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
         if missing:
             raise NotFound(
                 f"model '{config.name}': version_policy.specific asks for version(s) "
-                f"{', '.join(map(str, missing))} which have no directory")
+                f"{', '.join(map(str, missing))} which have no directory"
+            )
         return [int(v) for v in wanted]
     n = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
     return available[-n:]

@@ -34,6 +34,7 @@ from ..stats import ModelStats
 from . import layout
 from .model_config import normalise, parse_config_json, read_config, validate
 from .states import (
+    LOADING,
     READY,
     UNAVAILABLE,
     UNLOADING,
@@ -77,15 +78,18 @@ class ModelManager:
                 v = int(version)
             except ValueError:
                 raise InvalidArgument(
-                    f"invalid version '{version}' for model '{name}': a version is a number") from None
+                    f"invalid version '{version}' for model '{name}': a version is a number"
+                ) from None
             if rec is not None:
                 sv = rec.serving.get(v)
                 if sv is not None:
                     return sv
                 if rec.serving:
-                    raise NotFound(f"Request for unknown model: '{name}' version {version} is not "
-                                   f"found (serving versions: "
-                                   f"{', '.join(map(str, sorted(rec.serving)))})")
+                    raise NotFound(
+                        f"Request for unknown model: '{name}' version {version} is not "
+                        f"found (serving versions: "
+                        f"{', '.join(map(str, sorted(rec.serving)))})"
+                    )
         elif rec is not None and rec.latest is not None:
             return rec.latest
         raise self._not_serving(name)
@@ -96,7 +100,9 @@ class ModelManager:
         if rec is not None and rec.states:
             state, reason = rec.states.get(-1) or next(iter(rec.states.values()))
             detail = f"; state {state}" + (f": {reason}" if reason else "")
-            return NotFound(f"Request for unknown model: '{name}' has no available versions{detail}")
+            return NotFound(
+                f"Request for unknown model: '{name}' has no available versions{detail}"
+            )
         return NotFound(f"Request for unknown model: '{name}' is not found")
 
     def is_ready(self, name: str, version: str = "") -> bool:
@@ -173,19 +179,28 @@ class ModelManager:
         if files and not config_json:
             raise InvalidArgument(
                 f"failed to load '{name}': file override parameters ('file:...') require the "
-                "'config' parameter")
+                "'config' parameter"
+            )
         unknown = [k for k in params if k != "config" and not k.startswith("file:")]
         if unknown:
             log.warning("load '%s': ignoring unknown parameter(s) %s", name, unknown)
         rec = self.record(name)
         async with rec.lock:
             try:
-                model_dir = (self._write_override(name, files) if files
-                             else layout.find_model_dir(self.repositories, name))
+                model_dir = (
+                    self._write_override(name, files)
+                    if files
+                    else layout.find_model_dir(self.repositories, name)
+                )
                 await self._load_locked(rec, model_dir, config_json)
             except ServerError as exc:
-                if not rec.serving:
-                    rec.states = {-1: (UNAVAILABLE, str(exc))}
+                if not rec.serving and not any(
+                    state == UNAVAILABLE and reason == str(exc)
+                    for state, reason in rec.states.values()
+                ):
+                    # failed before any version was tried (config, files): the model as a whole
+                    rec.states = {v: st for v, st in rec.states.items() if v in rec.serving}
+                    rec.states[-1] = (UNAVAILABLE, str(exc))
                 raise
         rec.required = True
         for listener in self.load_listeners:
@@ -210,8 +225,9 @@ class ModelManager:
         self._override_dirs[name] = root
         return model_dir
 
-    def _read_config(self, model_dir: Path, config_json: str | None,
-                     versions: list[int]) -> mc.ModelConfig:
+    def _read_config(
+        self, model_dir: Path, config_json: str | None, versions: list[int]
+    ) -> mc.ModelConfig:
         source = str(model_dir / "config.pbtxt")
         if config_json:
             config = parse_config_json(config_json)
@@ -222,7 +238,9 @@ class ModelManager:
         validate(config, source)
         return config
 
-    async def _load_locked(self, rec: ModelRecord, model_dir: Path, config_json: str | None) -> None:
+    async def _load_locked(
+        self, rec: ModelRecord, model_dir: Path, config_json: str | None
+    ) -> None:
         name = rec.name
         t0 = time.monotonic()
         versions = layout.list_versions(model_dir)
@@ -231,48 +249,78 @@ class ModelManager:
         if backend is None and config.platform != "ensemble":
             raise Unsupported(
                 f"failed to load '{name}': unsupported backend '{config.backend or config.platform}'"
-                " (supported: python, onnxruntime, pytorch, tensorrt, ensemble)")
+                " (supported: python, onnxruntime, pytorch, tensorrt, ensemble)"
+            )
         if not versions:
-            raise NotFound(f"failed to load '{name}': no version directory found in {model_dir} "
-                           "(versions are numeric directories such as 1/)")
+            raise NotFound(
+                f"failed to load '{name}': no version directory found in {model_dir} "
+                "(versions are numeric directories such as 1/)"
+            )
         selected = layout.select_versions(config, versions)
         if backend is not None and not self.config.disable_auto_complete_config:
-            probe = ModelSpec(name, selected[-1], model_dir, model_dir / str(selected[-1]), config,
-                              model_dir.parent)
-            config = await asyncio.get_running_loop().run_in_executor(None, backend.auto_complete, probe)
+            probe = ModelSpec(
+                name,
+                selected[-1],
+                model_dir,
+                model_dir / str(selected[-1]),
+                config,
+                model_dir.parent,
+            )
+            config = await asyncio.get_running_loop().run_in_executor(
+                None, backend.auto_complete, probe
+            )
             validate(config, str(model_dir / "config.pbtxt"))
         self._check_devices(name, config)
+        for v in selected:
+            if v not in rec.serving:
+                rec.states[v] = (LOADING, "")
+        rec.states.pop(-1, None)
         new: dict[int, ServingVersion] = {}
         started: list[ModelInstance] = []
         try:
             for v in selected:
                 spec = ModelSpec(name, v, model_dir, model_dir / str(v), config, model_dir.parent)
-                fname = config.default_model_filename or (backend.default_model_filename() if backend else "")
+                fname = config.default_model_filename or (
+                    backend.default_model_filename() if backend else ""
+                )
                 if fname and not (spec.version_dir / fname).exists():
-                    raise NotFound(f"failed to load '{name}' version {v}: model file "
-                                   f"{spec.version_dir / fname} not found")
+                    raise NotFound(
+                        f"failed to load '{name}' version {v}: model file "
+                        f"{spec.version_dir / fname} not found"
+                    )
                 instances = backend.create_instances(spec) if backend else []
-                results = await asyncio.gather(*(i.start() for i in instances), return_exceptions=True)
+                results = await asyncio.gather(
+                    *(i.start() for i in instances), return_exceptions=True
+                )
                 for inst, res in zip(instances, results, strict=True):
                     if not isinstance(res, BaseException):
                         started.append(inst)
                 errors = [r for r in results if isinstance(r, BaseException)]
                 if errors:
-                    err = errors[0]
-                    if isinstance(err, ServerError):
-                        raise err
-                    raise InvalidArgument(f"failed to load '{name}' version {v}: {err}") from err
+                    # Triton answers 400 for a version that fails to initialize.
+                    raise InvalidArgument(
+                        f"load failed for model '{name}': version {v} is at "
+                        f"UNAVAILABLE state: {errors[0]}"
+                    ) from errors[0]
                 stats = rec.stats.get(v) or ModelStats(name, str(v))
                 rec.stats[v] = stats
                 scheduler = Scheduler(name, str(v), config, instances, stats)
                 inputs = tensor_infos(list(config.input))
                 new[v] = ServingVersion(
-                    spec=spec, scheduler=scheduler, stats=stats, inputs=inputs,
+                    spec=spec,
+                    scheduler=scheduler,
+                    stats=stats,
+                    inputs=inputs,
                     outputs=tensor_infos(list(config.output)),
                     required_inputs=frozenset(n for n, t in inputs.items() if not t.optional),
-                    max_batch_size=config.max_batch_size, version_str=str(v))
-        except BaseException:
+                    max_batch_size=config.max_batch_size,
+                    version_str=str(v),
+                )
+        except BaseException as exc:
             await asyncio.gather(*(i.stop() for i in started), return_exceptions=True)
+            for v in selected:
+                if v not in rec.serving:
+                    rec.states[v] = (UNAVAILABLE, str(exc))
             raise
         load_secs = time.monotonic() - t0
         for sv in new.values():
@@ -295,7 +343,8 @@ class ModelManager:
             if group.kind == mc.ModelInstanceGroup.KIND_GPU and not _has_gpu():
                 raise InvalidArgument(
                     f"failed to load '{name}': instance_group '{group.name}' asks for KIND_GPU but "
-                    "this machine has no GPU; use KIND_CPU (or KIND_AUTO)")
+                    "this machine has no GPU; use KIND_CPU (or KIND_AUTO)"
+                )
 
     async def _retire(self, versions: list[ServingVersion]) -> None:
         async def one(sv: ServingVersion) -> None:
@@ -333,12 +382,15 @@ class ModelManager:
         serving = list(self.all_serving())
         drained = True
         try:
-            await asyncio.wait_for(asyncio.gather(*(sv.scheduler.drain() for sv in serving)),
-                                   timeout=timeout)
+            await asyncio.wait_for(
+                asyncio.gather(*(sv.scheduler.drain() for sv in serving)), timeout=timeout
+            )
         except TimeoutError:
             drained = False
-            err = Unavailable("Server is shutting down: request did not finish within "
-                              f"--exit-timeout-secs={timeout:g}")
+            err = Unavailable(
+                "Server is shutting down: request did not finish within "
+                f"--exit-timeout-secs={timeout:g}"
+            )
             for sv in serving:
                 sv.scheduler.fail_queued(err)
         for rec in self.records.values():

@@ -48,8 +48,12 @@ _DEFAULT_FILENAME = {
     "tensorrt": "model.plan",
 }
 # file in a version directory -> backend, for configs that name neither
-_FILE_BACKEND = {"model.py": "python", "model.onnx": "onnxruntime", "model.pt": "pytorch",
-                 "model.plan": "tensorrt"}
+_FILE_BACKEND = {
+    "model.py": "python",
+    "model.onnx": "onnxruntime",
+    "model.pt": "pytorch",
+    "model.plan": "tensorrt",
+}
 
 
 def parse_config_text(text: str, source: str) -> mc.ModelConfig:
@@ -62,7 +66,7 @@ def parse_config_text(text: str, source: str) -> mc.ModelConfig:
         detail = str(exc)
         # protobuf prefixes "line:col : "; keep only the message, we print the location.
         if detail.startswith(f"{line}:{col} : "):
-            detail = detail[len(f"{line}:{col} : "):]
+            detail = detail[len(f"{line}:{col} : ") :]
         raise InvalidArgument(f"invalid model configuration {where}: {detail}") from None
     return config
 
@@ -100,7 +104,8 @@ def normalise(config: mc.ModelConfig, model_dir: Path, versions: list[int]) -> m
     elif config.name != model_dir.name:
         raise InvalidArgument(
             f"invalid model configuration {source}: field 'name' is '{config.name}' but the "
-            f"model directory is '{model_dir.name}'")
+            f"model directory is '{model_dir.name}'"
+        )
     if not config.backend and config.platform in _PLATFORM_BACKEND:
         config.backend = _PLATFORM_BACKEND[config.platform]
     if config.backend and not config.platform and config.backend in _BACKEND_PLATFORM:
@@ -114,10 +119,17 @@ def normalise(config: mc.ModelConfig, model_dir: Path, versions: list[int]) -> m
                     break
             if config.backend:
                 break
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
     if config.platform == "ensemble":
         return config
-    if config.HasField("dynamic_batching") and config.max_batch_size > 0 and not (
-            config.dynamic_batching.preferred_batch_size):
+    if not config.default_model_filename and config.backend in _DEFAULT_FILENAME:
+        config.default_model_filename = _DEFAULT_FILENAME[config.backend]
+    if (
+        config.HasField("dynamic_batching")
+        and config.max_batch_size > 0
+        and not (config.dynamic_batching.preferred_batch_size)
+    ):
         config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
     if not config.instance_group:  # auto-filled group is named after the model, as Triton
         group = config.instance_group.add(name=config.name)
@@ -138,55 +150,69 @@ def validate(config: mc.ModelConfig, source: str) -> None:
     if not config.backend and not config.platform:
         raise InvalidArgument(
             f"invalid model configuration {source}: neither 'backend' nor 'platform' is set and "
-            "no model file was found to infer it from")
+            "no model file was found to infer it from"
+        )
     if config.max_batch_size < 0:
-        raise InvalidArgument(f"invalid model configuration {source}: 'max_batch_size' must be >= 0")
+        raise InvalidArgument(
+            f"invalid model configuration {source}: 'max_batch_size' must be >= 0"
+        )
     for kind, tensors in (("input", config.input), ("output", config.output)):
         seen: set[str] = set()
         for t in tensors:
             if not t.name:
-                raise InvalidArgument(f"invalid model configuration {source}: an {kind} has no 'name'")
+                raise InvalidArgument(
+                    f"invalid model configuration {source}: an {kind} has no 'name'"
+                )
             if t.name in seen:
                 raise InvalidArgument(
-                    f"invalid model configuration {source}: {kind} '{t.name}' is declared twice")
+                    f"invalid model configuration {source}: {kind} '{t.name}' is declared twice"
+                )
             seen.add(t.name)
             if t.data_type == mc.TYPE_INVALID:
                 raise InvalidArgument(
-                    f"invalid model configuration {source}: {kind} '{t.name}' has no 'data_type'")
+                    f"invalid model configuration {source}: {kind} '{t.name}' has no 'data_type'"
+                )
             if not t.dims and not (t.reshape.shape or config.max_batch_size > 0):
                 raise InvalidArgument(
-                    f"invalid model configuration {source}: {kind} '{t.name}' has no 'dims'")
+                    f"invalid model configuration {source}: {kind} '{t.name}' has no 'dims'"
+                )
             for d in t.dims:
                 if d < -1 or d == 0:
                     raise InvalidArgument(
                         f"invalid model configuration {source}: {kind} '{t.name}' has invalid "
-                        f"dims {list(t.dims)}: each must be -1 or positive")
+                        f"dims {list(t.dims)}: each must be -1 or positive"
+                    )
     if config.HasField("dynamic_batching"):
         db = config.dynamic_batching
         if config.max_batch_size == 0:
             raise InvalidArgument(
                 f"invalid model configuration {source}: 'dynamic_batching' requires "
-                "'max_batch_size' > 0")
+                "'max_batch_size' > 0"
+            )
         for size in db.preferred_batch_size:
             if size <= 0 or size > config.max_batch_size:
                 raise InvalidArgument(
                     f"invalid model configuration {source}: dynamic_batching.preferred_batch_size "
-                    f"{size} must be between 1 and max_batch_size ({config.max_batch_size})")
+                    f"{size} must be between 1 and max_batch_size ({config.max_batch_size})"
+                )
         if db.priority_levels == 0 and db.default_priority_level != 0:
             raise InvalidArgument(
                 f"invalid model configuration {source}: 'default_priority_level' needs "
-                "'priority_levels'")
+                "'priority_levels'"
+            )
         if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
             raise InvalidArgument(
                 f"invalid model configuration {source}: dynamic_batching.default_priority_level "
-                f"must be between 1 and priority_levels ({db.priority_levels})")
+                f"must be between 1 and priority_levels ({db.priority_levels})"
+            )
 
 
 def config_to_json_dict(config: mc.ModelConfig) -> dict[str, Any]:
     """Triton's JSON form of a ModelConfig: proto field names, every field printed, and
     64-bit integers as JSON numbers (protobuf's JSON mapping would quote them)."""
-    data = json_format.MessageToDict(config, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    data = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     _unquote_int64(config.DESCRIPTOR, data)
     return data
 

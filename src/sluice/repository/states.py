@@ -13,8 +13,15 @@ from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..scheduling.scheduler import Scheduler
 from ..stats import ModelStats
 
-__all__ = ["READY", "UNAVAILABLE", "LOADING", "UNLOADING", "TensorInfo", "ServingVersion",
-           "ModelRecord"]
+__all__ = [
+    "READY",
+    "UNAVAILABLE",
+    "LOADING",
+    "UNLOADING",
+    "TensorInfo",
+    "ServingVersion",
+    "ModelRecord",
+]
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -35,8 +42,13 @@ def tensor_infos(tensors: list[mc.ModelInput] | list[mc.ModelOutput]) -> dict[st
     out: dict[str, TensorInfo] = {}
     for t in tensors:
         dt = config_to_kserve(mc.DataType.Name(t.data_type))
-        out[t.name] = TensorInfo(t.name, dt, kserve_to_numpy(dt), tuple(int(d) for d in t.dims),
-                                 bool(getattr(t, "optional", False)))
+        out[t.name] = TensorInfo(
+            t.name,
+            dt,
+            kserve_to_numpy(dt),
+            tuple(int(d) for d in t.dims),
+            bool(getattr(t, "optional", False)),
+        )
     return out
 
 

@@ -44,8 +44,14 @@ class QueuePolicy:
 
 
 class Scheduler:
-    def __init__(self, model: str, version: str, config: mc.ModelConfig,
-                 instances: list[ModelInstance], stats: ModelStats) -> None:
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        config: mc.ModelConfig,
+        instances: list[ModelInstance],
+        stats: ModelStats,
+    ) -> None:
         self.model = model
         self.version = version
         self.stats = stats
@@ -61,11 +67,18 @@ class Scheduler:
         )
         levels = db.priority_levels if db and db.priority_levels > 0 else 1
         self.levels = levels
-        self.default_level = (db.default_priority_level - 1) if db and db.default_priority_level else (
-            levels - 1 if levels > 1 else 0)
-        default = QueuePolicy(db.default_queue_policy if db and db.HasField("default_queue_policy") else None)
+        self.default_level = (
+            (db.default_priority_level - 1)
+            if db and db.default_priority_level
+            else (levels - 1 if levels > 1 else 0)
+        )
+        default = QueuePolicy(
+            db.default_queue_policy if db and db.HasField("default_queue_policy") else None
+        )
         self._queue_policies = [
-            QueuePolicy(db.priority_queue_policy[i + 1]) if db and (i + 1) in db.priority_queue_policy else default
+            QueuePolicy(db.priority_queue_policy[i + 1])
+            if db and (i + 1) in db.priority_queue_policy
+            else default
             for i in range(levels)
         ]
         self._queues: list[deque[Job]] = [deque() for _ in range(levels)]
@@ -84,8 +97,14 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ submit
-    def submit(self, request: InferRequest, batch_size: int, shape_key: tuple[Any, ...],
-               priority: int = 0, timeout_us: int = 0) -> asyncio.Future[InferResponse]:
+    def submit(
+        self,
+        request: InferRequest,
+        batch_size: int,
+        shape_key: tuple[Any, ...],
+        priority: int = 0,
+        timeout_us: int = 0,
+    ) -> asyncio.Future[InferResponse]:
         """Queue a validated request; the returned future resolves to its response."""
         level = self.default_level if priority <= 0 or priority > self.levels else priority - 1
         qp = self._queue_policies[level]
@@ -93,13 +112,20 @@ class Scheduler:
             raise Unavailable(
                 f"Exceeds maximum queue size: model '{self.model}' version {self.version} "
                 f"already has {qp.max_queue_size} request(s) queued at priority level "
-                f"{level + 1} (max_queue_size {qp.max_queue_size})")
+                f"{level + 1} (max_queue_size {qp.max_queue_size})"
+            )
         now = time.monotonic_ns()
         timeout_ns = qp.timeout_ns
-        if timeout_us > 0 and qp.allow_override and (not timeout_ns or timeout_us * 1000 < timeout_ns):
+        if (
+            timeout_us > 0
+            and qp.allow_override
+            and (not timeout_ns or timeout_us * 1000 < timeout_ns)
+        ):
             timeout_ns = timeout_us * 1000
         fut: asyncio.Future[InferResponse] = self._loop.create_future()
-        job = Job(request, fut, batch_size, shape_key, now, now + timeout_ns if timeout_ns else 0, level)
+        job = Job(
+            request, fut, batch_size, shape_key, now, now + timeout_ns if timeout_ns else 0, level
+        )
         self._queues[level].append(job)
         self._queued += 1
         self.stats.pending += 1
@@ -122,7 +148,9 @@ class Scheduler:
         if self._idle and not self._queued and self._delayed:
             self._start([self._delayed.popleft()])
         if self._has_timeouts and self._queued:
-            nearest = min((q[0].deadline_ns for q in self._queues if q and q[0].deadline_ns), default=0)
+            nearest = min(
+                (q[0].deadline_ns for q in self._queues if q and q[0].deadline_ns), default=0
+            )
             if nearest:
                 self._arm(nearest)
 
@@ -178,9 +206,12 @@ class Scheduler:
                         continue
                     self.stats.pending -= 1
                     if not job.future.done():
-                        job.future.set_exception(Unavailable(
-                            f"Request timeout expired: model '{self.model}' version {self.version} "
-                            "did not start the request within its queue timeout"))
+                        job.future.set_exception(
+                            Unavailable(
+                                f"Request timeout expired: model '{self.model}' version {self.version} "
+                                "did not start the request within its queue timeout"
+                            )
+                        )
                     self._maybe_idle()
                 else:
                     keep.append(job)
@@ -198,11 +229,17 @@ class Scheduler:
             result = await inst.execute([job.request for job in jobs])
             results = result.results
             if len(results) != len(jobs):
-                raise Internal(f"model '{self.model}' returned {len(results)} responses for "
-                               f"{len(jobs)} requests")
-            stats.record_execution(sum(j.batch_size for j in jobs), len(jobs),
-                                   result.compute_input_ns, result.compute_infer_ns,
-                                   result.compute_output_ns)
+                raise Internal(
+                    f"model '{self.model}' returned {len(results)} responses for "
+                    f"{len(jobs)} requests"
+                )
+            stats.record_execution(
+                sum(j.batch_size for j in jobs),
+                len(jobs),
+                result.compute_input_ns,
+                result.compute_infer_ns,
+                result.compute_output_ns,
+            )
         except ServerError as exc:
             results = [exc] * len(jobs)
         except Exception as exc:  # a backend bug: fail this batch only
