@@ -4,21 +4,28 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install serve test check format bench clean
+.PHONY: install models serve test check format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,torch]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-serve: install
+# Generated example models (seeded weights; not committed): resnet50 ONNX, a TorchScript MLP.
+MODELS := examples/model_repo/resnet50/1/model.onnx examples/model_repo/torch_linear/1/model.pt
+$(MODELS): scripts/make_models.py | $(STAMP)
+	$(PY) scripts/make_models.py
+
+models: $(MODELS)
+
+serve: install models
 	$(VENV)/bin/sluice serve --model-repository=examples/model_repo \
 	  --model-control-mode=explicit --load-model=add_sub --strict-readiness=true
 
-test: install
+test: install models
 	scripts/install-system-deps
 	scripts/run-tests
 

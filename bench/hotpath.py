@@ -52,7 +52,7 @@ async def run(n: int, concurrencies: list[int], model: str) -> None:
     for conc in concurrencies:
         lat: list[float] = []
 
-        async def client(count: int) -> None:
+        async def client(count: int, lat: list[float] = lat) -> None:
             for _ in range(count):
                 s = time.perf_counter()
                 await service.infer(request())

@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the server (tritonserver's flags)")
     _add_serve_flags(serve)
+    perf = sub.add_parser("perf", help="load-test a server (perf_analyzer's flags)")
+    from .perf.cli import add_perf_flags
+
+    add_perf_flags(perf)
     return parser
 
 
@@ -185,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         from .server import run
 
         return run(config)
+    if ns.command == "perf":
+        from .perf.cli import run_perf
+
+        return run_perf(ns)
     parser.error(f"unknown command {ns.command}")
     return 2
 

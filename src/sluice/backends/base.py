@@ -83,6 +83,12 @@ _REGISTRY: dict[str, Callable[[], Backend]] = {}
 # tensorrt) costs nothing until a model needs it.
 _BUILTIN_MODULES = {
     "python": "sluice.backends.python",
+    "onnxruntime": "sluice.backends.onnxruntime",
+    "onnxruntime_onnx": "sluice.backends.onnxruntime",
+    "pytorch": "sluice.backends.torchscript",
+    "pytorch_libtorch": "sluice.backends.torchscript",
+    "tensorrt": "sluice.backends.tensorrt",
+    "tensorrt_plan": "sluice.backends.tensorrt",
 }
 
 

@@ -152,11 +152,15 @@ def check_tensors(
     naming the tensor when the config contradicts the model.
     """
     config = _copy(config)
-    if complete and config.max_batch_size == 0 and not config.HasField("sequence_batching"):
-        if _can_batch(config, graph):
-            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-            if not config.HasField("dynamic_batching"):
-                config.dynamic_batching.SetInParent()
+    if (
+        complete
+        and config.max_batch_size == 0
+        and not config.HasField("sequence_batching")
+        and _can_batch(config, graph)
+    ):
+        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        if not config.HasField("dynamic_batching"):
+            config.dynamic_batching.SetInParent()
     batching = config.max_batch_size > 0
     for kind, tensors in (("input", config.input), ("output", config.output)):
         model = graph[kind]
@@ -199,14 +203,12 @@ def check_tensors(
                 t.name = name
                 t.data_type = dtype  # type: ignore[assignment]
                 t.dims.extend(shape[1:] if batching else shape)
-    if not complete:
-        for kind, tensors in (("input", config.input),):
-            missing = sorted(set(graph[kind]) - {t.name for t in tensors})
-            if missing:
-                raise InvalidArgument(
-                    f"failed to load '{config.name}': the {what} has {kind}(s) {missing} that "
-                    "the config does not declare (complete the config or allow auto-complete)"
-                )
+    missing = sorted(set(graph["input"]) - {t.name for t in config.input})
+    if missing:
+        raise InvalidArgument(
+            f"failed to load '{config.name}': the {what} has input(s) {missing} that the config "
+            "does not declare (complete the config or allow auto-complete)"
+        )
     return config
 
 
@@ -314,8 +316,9 @@ class OnnxRuntimeInstance:
         outs = dict(zip(self._outputs, arrays, strict=True))
         for k, v in outs.items():
             if v.dtype.kind in "OU":
-                outs[k] = np.array([s.encode() if isinstance(s, str) else s for s in v.flat],
-                                   dtype=object).reshape(v.shape)
+                outs[k] = np.array(
+                    [s.encode() if isinstance(s, str) else s for s in v.flat], dtype=object
+                ).reshape(v.shape)
         sizes = batch_sizes(requests, self._batching)
         version = str(self.spec.version)
         results: list[InferResponse | ServerError] = [
@@ -348,7 +351,9 @@ class OnnxRuntimeBackend:
         return check_tensors(spec.config, _graph(session, spec.name), "ONNX model", complete=True)
 
     def create_instances(self, spec: ModelSpec) -> list[ModelInstance]:
-        return [OnnxRuntimeInstance(spec, name) for name, _kind, _dev in instance_names(spec.config)]
+        return [
+            OnnxRuntimeInstance(spec, name) for name, _kind, _dev in instance_names(spec.config)
+        ]
 
 
 register_backend(["onnxruntime", "onnxruntime_onnx"], OnnxRuntimeBackend)

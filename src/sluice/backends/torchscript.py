@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import re
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,9 @@ class TorchScriptInstance:
         if not path.is_file():
             raise NotFound(f"failed to load '{cfg.name}': model file {path} not found")
         try:
-            module = torch.jit.load(str(path), map_location="cpu")
+            with warnings.catch_warnings():  # torch 2.x deprecates TorchScript loudly
+                warnings.simplefilter("ignore", DeprecationWarning)
+                module = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:
             raise InvalidArgument(
                 f"failed to load '{cfg.name}': torch.jit.load cannot read {path}: {exc}"
@@ -166,8 +169,10 @@ class TorchScriptInstance:
         torch = self._torch
         clock = time.perf_counter_ns
         t0 = clock()
-        feed = {k: torch.from_numpy(np.ascontiguousarray(v))
-                for k, v in concat_inputs(requests, self._inputs).items()}
+        feed = {
+            k: torch.from_numpy(np.ascontiguousarray(v))
+            for k, v in concat_inputs(requests, self._inputs).items()
+        }
         t1 = clock()
         try:
             with torch.inference_mode():

@@ -76,7 +76,9 @@ class Samples:
         return int(self.end.shape[0])
 
     def concat(self, other: Samples) -> Samples:
-        return Samples(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in SAMPLE_FIELDS))
+        return Samples(
+            *(np.concatenate([getattr(self, f), getattr(other, f)]) for f in SAMPLE_FIELDS)
+        )
 
     def select(self, mask: np.ndarray) -> Samples:
         return Samples(*(getattr(self, f)[mask] for f in SAMPLE_FIELDS))
@@ -146,7 +148,9 @@ class ServerStats:
 
     @property
     def overhead_ns(self) -> int:
-        parts = self.queue_ns + self.compute_input_ns + self.compute_infer_ns + self.compute_output_ns
+        parts = (
+            self.queue_ns + self.compute_input_ns + self.compute_infer_ns + self.compute_output_ns
+        )
         return max(0, self.request_ns - parts)
 
     def __add__(self, other: ServerStats) -> ServerStats:

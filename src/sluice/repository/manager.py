@@ -27,10 +27,13 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance, ModelSpec, backend_for
+from ..backends.ensemble import EnsembleBackend, composing_models
 from ..config import ControlMode, ServerConfig
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from ..scheduling.scheduler import Scheduler
 from ..stats import ModelStats
+from ..types import InferRequest, InferResponse
+from ..validation import check_request
 from . import layout
 from .model_config import normalise, parse_config_json, read_config, validate
 from .states import (
@@ -61,6 +64,8 @@ class ModelManager:
         self._poll_task: asyncio.Task[None] | None = None
         self.startup_done = False
         self.load_listeners: list[Any] = []
+        # ensemble name -> its composing models (an ensemble is ready only while they are)
+        self._ensembles: dict[str, list[str]] = {}
 
     # ---------------------------------------------------------------- lookups
     def record(self, name: str) -> ModelRecord:
@@ -110,14 +115,15 @@ class ModelManager:
             self.get_serving(name, version)
         except ServerError:
             return False
-        return True
+        return all(self.is_ready(m) for m in self._ensembles.get(name, ()))
 
     def server_ready(self) -> bool:
         if not self.startup_done:
             return False
         if not self.config.strict_readiness:
             return True
-        return all(rec.ready for rec in self.records.values() if rec.required)
+        return all(rec.ready and self.is_ready(rec.name)
+                   for rec in self.records.values() if rec.required)
 
     def all_serving(self) -> Iterable[ServingVersion]:
         for rec in list(self.records.values()):
@@ -155,11 +161,23 @@ class ModelManager:
                 names = list(layout.list_models(self.repositories))
         else:
             names = list(layout.list_models(self.repositories))
-        results = await asyncio.gather(*(self._startup_load(n) for n in names))
+        # ensembles after the models they compose (they check those at load)
+        ensembles = [n for n in names if self._is_ensemble(n)]
+        plain = [n for n in names if n not in ensembles]
+        results = await asyncio.gather(*(self._startup_load(n) for n in plain))
+        results += await asyncio.gather(*(self._startup_load(n) for n in ensembles))
+        names = plain + ensembles
         self.startup_done = True
         if mode == ControlMode.POLL:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll_loop())
         return [n for n, ok in zip(names, results, strict=True) if not ok]
+
+    def _is_ensemble(self, name: str) -> bool:
+        try:
+            config, _present = read_config(layout.find_model_dir(self.repositories, name))
+        except ServerError:
+            return False
+        return config.platform == "ensemble"
 
     async def _startup_load(self, name: str) -> bool:
         self.record(name).required = True
@@ -246,7 +264,12 @@ class ModelManager:
         versions = layout.list_versions(model_dir)
         config = self._read_config(model_dir, config_json, versions)
         backend = backend_for(config)
-        if backend is None and config.platform != "ensemble":
+        composing: list[str] = []
+        if config.platform == "ensemble":
+            composing = composing_models(config)
+            await self._ensure_loaded(name, composing)
+            backend = EnsembleBackend(self.infer_composing, self._serving_config)
+        if backend is None:
             raise Unsupported(
                 f"failed to load '{name}': unsupported backend '{config.backend or config.platform}'"
                 " (supported: python, onnxruntime, pytorch, tensorrt, ensemble)"
@@ -327,6 +350,11 @@ class ModelManager:
             sv.stats.load_duration_secs = load_secs
         old = rec.serving
         rec.set_serving(new)  # the atomic swap
+        self._ensembles.pop(name, None)
+        if composing:
+            self._ensembles[name] = composing
+            for m in composing:
+                self.record(m).dependents.add(name)
         rec.states = {v: (READY, "") for v in new}
         retiring = list(old.values())
         for sv in retiring:
@@ -337,6 +365,47 @@ class ModelManager:
             if sv.spec.version not in new:
                 rec.states[sv.spec.version] = (UNAVAILABLE, "unloaded")
         log.info("loaded '%s' version(s) %s in %.2fs", name, sorted(new), load_secs)
+
+    # -------------------------------------------------------------- ensembles
+    async def _ensure_loaded(self, ensemble: str, models: list[str]) -> None:
+        """Load the composing models that are not serving (as Triton does in explicit mode);
+        a failure fails the ensemble's load naming the composing model."""
+        for m in models:
+            if m == ensemble:
+                raise InvalidArgument(f"failed to load '{ensemble}': it names itself as a step")
+            rec = self.record(m)
+            if rec.serving:
+                continue
+            async with rec.lock:  # wait out a load of it already under way
+                serving = bool(rec.serving)
+            if serving:
+                continue
+            try:
+                await self.load(m)
+            except ServerError as exc:
+                raise type(exc)(f"failed to load '{ensemble}': composing model '{m}' failed to "
+                                f"load: {exc}", exc.status) from None
+
+    def _serving_config(self, name: str, version: str) -> mc.ModelConfig | None:
+        try:
+            return self.get_serving(name, version).config
+        except ServerError:
+            return None
+
+    async def infer_composing(self, request: InferRequest) -> InferResponse:
+        """An ensemble step: the service's path (validation, the model's own scheduler,
+        its statistics) without the front-end."""
+        arrival = time.monotonic_ns()
+        sv = self.get_serving(request.model_name, request.model_version)
+        batch, key = check_request(request, sv)
+        try:
+            response = await sv.scheduler.submit(request, batch, key)
+        except ServerError as exc:
+            sv.stats.record_failure(time.monotonic_ns() - arrival,
+                                    "REJECTED" if isinstance(exc, Unavailable) else "BACKEND")
+            raise
+        sv.stats.record_success(time.monotonic_ns() - arrival)
+        return response
 
     def _check_devices(self, name: str, config: mc.ModelConfig) -> None:
         for group in config.instance_group:
@@ -371,6 +440,9 @@ class ModelManager:
                 rec.states[sv.spec.version] = (UNAVAILABLE, "unloaded")
             if not old and not rec.states:
                 rec.states = {}
+        for m in self._ensembles.pop(name, ()):
+            if m in self.records:
+                self.records[m].dependents.discard(name)
         if unload_dependents:
             for dep in sorted(rec.dependents):
                 await self.unload(dep)

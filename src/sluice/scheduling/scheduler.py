@@ -2,9 +2,9 @@
 dynamic batcher, and the pool of idle instances.
 
 Rules of this file:
-- Jobs carry their own future. Dispatch is event driven: it runs when a job arrives, when
-  an instance frees up, and from one timer armed at the next batching deadline or queue
-  timeout. There is no polling loop.
+- Jobs carry their own future. Dispatch is event driven: it runs at the end of the loop
+  iteration in which jobs arrived, when an instance frees up, and from one timer armed at
+  the next batching deadline or queue timeout. There is no polling loop.
 - An instance runs one batch at a time; N instances run N batches concurrently.
 - A full queue and an expired timeout refuse the request at once with Unavailable.
 - ``drain()`` waits until nothing is queued or running (used before an unload).
@@ -25,6 +25,7 @@ from ..errors import Internal, ServerError, Unavailable
 from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
 from .policy import BatchPolicy, Job, take_batch
+from .timer import DeadlineTimer
 
 __all__ = ["Scheduler", "QueuePolicy"]
 
@@ -87,8 +88,9 @@ class Scheduler:
         self._queued = 0
         self._running = 0
         self._has_timeouts = any(q.timeout_ns or q.allow_override for q in self._queue_policies)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0
+        self._dispatch_soon = False
+        self._timer: DeadlineTimer | None = None
+        self._timer_at = 0  # 0 = not armed
         self._idle_event: asyncio.Event | None = None
         # preserve_ordering: batches deliver their responses in dispatch order.
         self._ordered = bool(db and db.preserve_ordering)
@@ -129,8 +131,17 @@ class Scheduler:
         self._queues[level].append(job)
         self._queued += 1
         self.stats.pending += 1
-        self._dispatch()
+        if not self._dispatch_soon:
+            # Dispatch once at the end of this loop iteration, so that requests arriving
+            # together (e.g. clients answered by the previous batch) form one batch rather
+            # than a batch of 1 followed by the rest.
+            self._dispatch_soon = True
+            self._loop.call_soon(self._deferred_dispatch)
         return fut
+
+    def _deferred_dispatch(self) -> None:
+        self._dispatch_soon = False
+        self._dispatch()
 
     # ---------------------------------------------------------------- dispatch
     def _dispatch(self) -> None:
@@ -176,16 +187,14 @@ class Scheduler:
         task.add_done_callback(self._tasks.discard)
 
     def _arm(self, at_ns: int) -> None:
-        if self._timer is not None:
-            if self._timer_at <= at_ns:
-                return
-            self._timer.cancel()
+        if self._timer_at and self._timer_at <= at_ns:
+            return
+        if self._timer is None:
+            self._timer = DeadlineTimer(self._loop, self._on_timer)
         self._timer_at = at_ns
-        delay = max(0.0, (at_ns - time.monotonic_ns()) / 1e9)
-        self._timer = self._loop.call_later(delay, self._on_timer)
+        self._timer.arm(at_ns)
 
     def _on_timer(self) -> None:
-        self._timer = None
         self._timer_at = 0
         self._dispatch()
 
@@ -299,7 +308,8 @@ class Scheduler:
 
     async def stop(self, grace: float | None = None) -> None:
         if self._timer is not None:
-            self._timer.cancel()
+            self._timer.close()
+            self._timer = None
         for inst in self._instances:
             try:
                 await inst.stop(grace)

@@ -1,0 +1,418 @@
+"""A load-generator process: one asyncio loop driving HTTP/1.1 keep-alive connections (raw
+``asyncio.Protocol``, uvloop) or, for gRPC, blocking calls on threads (``grpc_driver``), closed-
+or open-loop.
+
+Rules of this file:
+- Payloads arrive pre-encoded (``workload.encode_payloads``); the hot path writes bytes and
+  reads a status line and a Content-Length, nothing else. The first response of each level is
+  decoded with the pure codec so a wrong answer is caught, not measured.
+- Closed loop: exactly ``n`` requests outstanding; a connection sends its next request from
+  the callback that completed the previous one.
+- Open loop: sends go out on schedule (constant or Poisson) whatever the server does; a sample's
+  start is its *scheduled* time, so a late send (a busy generator or no free connection) adds
+  to latency instead of hiding it (no coordinated omission). Sends later than ``LATE_NS`` are
+  counted.
+- Samples are appended to one flat int64 array (``stats.SAMPLE_FIELDS`` order) and shipped to
+  the coordinator on each ``flush``; the coordinator cuts windows by completion time.
+- Commands (tuples over a multiprocessing Pipe): ("closed", n) | ("open", rate, dist, seed,
+  phase) | ("idle",) | ("flush",) | ("exit",). Each is answered with one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .grpc_driver import LATE_NS, GrpcDriver, Recorder
+
+__all__ = ["WorkerConfig", "worker_main", "LATE_NS"]
+
+_MAX_OPEN_CONNS = 4096  # per worker, open loop; beyond it sends wait for a free connection
+_now = time.perf_counter_ns
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    protocol: str  # http | grpc
+    host: str
+    port: int
+    payloads: tuple[bytes, ...]
+    index: int = 0
+
+
+class _Worker:
+    def __init__(self, cfg: WorkerConfig, conn: Connection) -> None:
+        self.cfg = cfg
+        self.pipe = conn
+        self.loop = asyncio.get_running_loop()
+        self.rec = array("q")
+        self.payloads = cfg.payloads
+        self.npay = len(cfg.payloads)
+        self.k = cfg.index  # round-robin cursor over payloads
+        self.running = False
+        self.inflight = 0
+        self.checked = False
+        self.first_error: str | None = None
+        self.done = asyncio.Event()
+        self.stop_event = asyncio.Event()
+        self.conns: list[_HttpConn] = []
+        self.idle: list[_HttpConn] = []
+        self.waiting: deque[int] = deque()
+        self.opening = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.grpc: GrpcDriver | None = None
+        if cfg.protocol == "grpc":
+            self.recorder = Recorder()
+            self.grpc = GrpcDriver(f"{cfg.host}:{cfg.port}", cfg.payloads, self.recorder, cfg.index)
+        self.call: Any = None
+
+    # ------------------------------------------------------------------ payloads / records
+    def next_payload(self) -> bytes:
+        k = self.k = (self.k + 1) % self.npay
+        return self.payloads[k]
+
+    def record(self, start: int, end: int, send: int, recv: int, ok: int, late: int) -> None:
+        self.rec.extend((start, end, send, recv, ok, late))
+
+    def error(self, msg: str) -> None:
+        if self.first_error is None:
+            self.first_error = msg
+
+    # ------------------------------------------------------------------ transports
+    async def open_http(self) -> _HttpConn:
+        _, proto = await self.loop.create_connection(
+            lambda: _HttpConn(self), self.cfg.host, self.cfg.port
+        )
+        self.conns.append(proto)
+        return proto
+
+    # ------------------------------------------------------------------ closed loop
+    async def start_closed(self, n: int) -> None:
+        self.running = True
+        conns = [await self.open_http() for _ in range(n)]
+        for c in conns:
+            c.on_done = self.closed_next
+            self.inflight += 1
+            c.send(self.next_payload(), _now(), 0)
+
+    def closed_next(self, c: _HttpConn) -> None:
+        if self.running:
+            c.send(self.next_payload(), _now(), 0)
+        else:
+            self.inflight -= 1
+            if not self.inflight:
+                self.done.set()
+
+    # ------------------------------------------------------------------ open loop
+    def start_open(self, rate: float, dist: str, seed: int, phase: float) -> None:
+        self.running = True
+        rng = random.Random(seed)
+        period = 1e9 / rate
+        if dist == "poisson":
+            gap: Callable[[], float] = lambda: rng.expovariate(1.0) * period  # noqa: E731
+        else:
+            gap = lambda: period  # noqa: E731
+        self.gap = gap
+        self.due = float(_now()) + phase * period + (gap() if dist == "poisson" else 0.0)
+        self.fire()
+
+    def fire(self) -> None:
+        if not self.running:
+            return
+        now = _now()
+        due = self.due
+        while due <= now + 100_000:  # send everything due within the next 0.1 ms
+            self.dispatch(int(due))
+            due += self.gap()
+        self.due = due
+        self.timer = self.loop.call_at(self.loop.time() + (due - _now()) / 1e9, self.fire)
+
+    def dispatch(self, due: int) -> None:
+        self.inflight += 1
+        if self.idle:
+            c = self.idle.pop()
+            c.send(self.next_payload(), due, 1)
+        elif len(self.conns) + self.opening < _MAX_OPEN_CONNS:
+            self.opening += 1
+            self.loop.create_task(self.http_open(due))
+        else:
+            self.waiting.append(due)
+
+    async def http_open(self, due: int) -> None:
+        try:
+            c = await self.open_http()
+        except OSError as e:
+            self.error(f"connect failed: {e}")
+            self.record(due, _now(), 0, 0, 0, 1)
+            self.opened_failed()
+            return
+        finally:
+            self.opening -= 1
+        c.on_done = self.open_next
+        c.send(self.next_payload(), due, 1)
+
+    def opened_failed(self) -> None:
+        self.inflight -= 1
+        if not self.inflight and not self.running:
+            self.done.set()
+
+    def open_next(self, c: _HttpConn) -> None:
+        self.inflight -= 1
+        if self.waiting and self.running:
+            self.inflight += 1
+            c.send(self.next_payload(), self.waiting.popleft(), 1)
+            return
+        self.idle.append(c)
+        if not self.inflight and not self.running:
+            self.done.set()
+
+    # ------------------------------------------------------------------ level control
+    async def stop_level(self) -> None:
+        self.running = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.waiting.clear()
+        if self.grpc is not None:
+            await self.loop.run_in_executor(None, self.grpc.stop)
+        if self.inflight > 0:
+            self.done.clear()
+            try:
+                await asyncio.wait_for(self.done.wait(), 60)
+            except TimeoutError:
+                self.error(f"{self.inflight} requests still outstanding 60 s after the level ended")
+        self.inflight = 0
+        for c in self.conns:
+            c.close()
+        self.conns, self.idle = [], []
+
+    async def handle(self, msg: tuple[Any, ...]) -> Any:
+        cmd = msg[0]
+        if cmd == "flush":
+            if self.grpc is not None:
+                data, err = self.recorder.take()
+            else:
+                data = self.rec.tobytes()
+                self.rec = array("q")
+                err, self.first_error = self.first_error, None
+            return ("samples", data, time.process_time(), _now(), err)
+        if cmd == "idle":
+            await self.stop_level()
+            return ("ok",)
+        if cmd == "closed":
+            await self.stop_level()
+            self.rec = array("q")
+            self.checked = False
+            if msg[1] > 0 and self.grpc is not None:
+                self.recorder.take()
+                self.grpc.start_closed(int(msg[1]))
+            elif msg[1] > 0:
+                await self.start_closed(int(msg[1]))
+            return ("ok",)
+        if cmd == "open":
+            await self.stop_level()
+            self.rec = array("q")
+            self.checked = False
+            args = (float(msg[1]), str(msg[2]), int(msg[3]), float(msg[4]))
+            if msg[1] > 0 and self.grpc is not None:
+                self.recorder.take()
+                self.grpc.start_open(*args)
+            elif msg[1] > 0:
+                self.start_open(*args)
+            return ("ok",)
+        if cmd == "exit":
+            await self.stop_level()
+            self.stop_event.set()
+            return ("bye",)
+        raise ValueError(f"unknown worker command {cmd!r}")
+
+    async def serve(self) -> None:
+        queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                os.set_blocking(self.pipe.fileno(), True)
+                queue.put_nowait(self.pipe.recv())
+            except EOFError:
+                queue.put_nowait(("exit",))
+                self.loop.remove_reader(self.pipe.fileno())
+
+        self.loop.add_reader(self.pipe.fileno(), readable)
+        while not self.stop_event.is_set():
+            msg = await queue.get()
+            try:
+                reply = await self.handle(msg)
+            except Exception as e:  # reported to the coordinator, which stops the run
+                reply = ("error", f"{type(e).__name__}: {e}")
+            # uvloop's add_reader makes the fd non-blocking; a large sample batch needs a
+            # blocking write (the coordinator reads it whole)
+            os.set_blocking(self.pipe.fileno(), True)
+            self.pipe.send(reply)
+        self.loop.remove_reader(self.pipe.fileno())
+        if self.grpc is not None:
+            self.grpc.close()
+
+
+class _HttpConn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection with at most one request in flight."""
+
+    def __init__(self, owner: _Worker) -> None:
+        self.w = owner
+        self.tr: asyncio.Transport | None = None
+        self.on_done: Callable[[_HttpConn], None] = owner.closed_next
+        self.buf = bytearray()
+        self.need = -1
+        self.status = 0
+        self.hlen = -1
+        self.start = 0
+        self.first = 0
+        self.send_ns = 0
+        self.late = 0
+        self.busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.tr = transport  # type: ignore[assignment]
+
+    def send(self, payload: bytes, start: int, open_loop: int) -> None:
+        t0 = _now()
+        self.start = start
+        self.late = 1 if open_loop and t0 - start > LATE_NS else 0
+        self.need = -1
+        self.busy = True
+        tr = self.tr
+        if tr is None or tr.is_closing():
+            self.fail("connection closed by the server")
+            return
+        tr.write(payload)
+        self.send_ns = _now() - t0
+
+    def data_received(self, data: bytes) -> None:
+        if self.need < 0:
+            if not self.buf:
+                self.first = _now()
+                buf: bytes | bytearray = data
+            else:
+                self.buf += data
+                buf = self.buf
+            i = buf.find(b"\r\n\r\n")
+            if i < 0:
+                if buf is data:
+                    self.buf += data
+                return
+            head = bytes(buf[:i]).lower()
+            self.status = int(head[9:12])
+            j = head.find(b"\ncontent-length:")
+            if j < 0:
+                self.fail("response without Content-Length (chunked responses are not supported)")
+                return
+            e = head.find(b"\r", j + 16)
+            self.need = i + 4 + int(head[j + 16 : e if e > 0 else None])
+            h = head.find(b"\ninference-header-content-length:")
+            if h >= 0:
+                e = head.find(b"\r", h + 33)
+                self.hlen = int(head[h + 33 : e if e > 0 else None])
+            else:
+                self.hlen = -1
+            self.body_at = i + 4
+            if buf is data:
+                if len(data) >= self.need:
+                    self.complete(data)
+                    return
+                self.buf += data
+                return
+        else:
+            self.buf += data
+        if len(self.buf) >= self.need:
+            self.complete(self.buf)
+
+    def complete(self, buf: bytes | bytearray) -> None:
+        end = _now()
+        w = self.w
+        ok = 1 if self.status == 200 else 0
+        if not ok or not w.checked:
+            body = bytes(buf[self.body_at : self.need])
+            if ok:
+                w.checked = True
+                from ..protocol.http_codec import decode_infer_response
+
+                try:
+                    decode_infer_response(body, None if self.hlen < 0 else self.hlen)
+                except Exception as e:  # a 200 that does not decode is a failed request
+                    ok = 0
+                    w.error(f"undecodable response: {e}")
+            else:
+                w.error(f"HTTP {self.status}: {body[:500].decode(errors='replace')}")
+        w.rec.extend((self.start, end, self.send_ns, end - self.first, ok, self.late))
+        self.buf = bytearray()
+        self.need = -1
+        self.busy = False
+        self.on_done(self)
+
+    def fail(self, msg: str) -> None:
+        self.w.error(msg)
+        now = _now()
+        self.w.rec.extend((self.start, now, 0, 0, 0, self.late))
+        self.busy = False
+        self.buf = bytearray()
+        self.need = -1
+        if self.tr is not None:
+            self.tr.close()
+        self.tr = None
+        # keep the closed loop going on a fresh connection
+        w = self.w
+        if w.running:
+            w.loop.create_task(self._replace())
+        else:
+            self.on_done(self)
+
+    async def _replace(self) -> None:
+        w = self.w
+        try:
+            c = await w.open_http()
+        except OSError as e:
+            w.error(f"reconnect failed: {e}")
+            w.opened_failed()
+            return
+        c.on_done = self.on_done
+        if self.on_done == w.open_next:
+            w.open_next(c)
+        else:
+            w.closed_next(c)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.busy:
+            self.fail(f"connection lost: {exc or 'closed by the server'}")
+        self.tr = None
+
+    def close(self) -> None:
+        if self.tr is not None:
+            self.tr.close()
+            self.tr = None
+
+
+def worker_main(cfg: WorkerConfig, conn: Connection) -> None:
+    """Entry point of a worker process."""
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+    if cfg.protocol == "http":
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:  # pragma: no cover - uvloop is a dependency
+            pass
+
+    async def run() -> None:
+        await _Worker(cfg, conn).serve()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass

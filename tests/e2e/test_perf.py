@@ -1,0 +1,264 @@
+"""``sluice perf`` as a user runs it: a subprocess against a live ``sluice serve``.
+
+The sleep model sleeps 40 ms per execution with 2 instances and no batching, so its capacity is
+2 / 40 ms = 50 requests/s: throughput doubles from concurrency 1 to 2 and then stays flat while
+latency climbs. The knee must land at concurrency 2 (within one step). Windows are short
+(-p 600) and the stability band wide, so the module stays well under a minute of load.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.zoo import copy_example, identity, sleep_model
+
+pytestmark = pytest.mark.timeout(150)
+
+N_INSTANCES = 2
+SLEEP_MS = 40
+FAST = ["-p", "600", "-s", "40", "-r", "8", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def srv(module_server, module_repo: Path):  # type: ignore[no-untyped-def]
+    sleep_model(module_repo, "sleep", ms=SLEEP_MS, count=N_INSTANCES, max_batch_size=0)
+    identity(module_repo, "dyn", dims="[ -1 ]", max_batch_size=8)
+    copy_example(module_repo, "add_sub")
+    return module_server(module_repo)
+
+
+def perf(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluice", "perf", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def knee_level(stdout: str) -> int:
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("Knee:"))
+    assert "concurrency" in line, line
+    return int(line.split("concurrency ")[1].split()[0])
+
+
+PA_COLUMNS = [
+    "Concurrency",
+    "Inferences/Second",
+    "Client Send",
+    "Network+Server Send/Recv",
+    "Server Queue",
+    "Server Compute Input",
+    "Server Compute Infer",
+    "Server Compute Output",
+    "Client Recv",
+    "p50 latency",
+    "p90 latency",
+    "p95 latency",
+    "p99 latency",
+]
+
+
+def test_http_concurrency_sweep_finds_knee_csv_and_plot(srv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out, png = tmp_path / "out.csv", tmp_path / "sweep.png"
+    r = perf(
+        "-m",
+        "sleep",
+        "-u",
+        srv.http,
+        "--concurrency-range",
+        "1:4",
+        "--input-data",
+        "zero",
+        *FAST,
+        "-f",
+        str(out),
+        "--latency-budget-ms",
+        "60",
+        "--plot",
+        str(png),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert abs(knee_level(r.stdout) - N_INSTANCES) <= 1, r.stdout
+    rows = read_csv(out)
+    assert list(rows[0]) == PA_COLUMNS
+    assert len(rows) == 4
+    thr = [float(row["Inferences/Second"]) for row in rows]
+    assert thr == sorted(thr)  # perf_analyzer sorts rows by throughput
+    by_c = {int(row["Concurrency"]): row for row in rows}
+    cap = N_INSTANCES * 1000 / SLEEP_MS
+    assert (
+        0.75 * cap / N_INSTANCES <= float(by_c[1]["Inferences/Second"]) <= 1.1 * cap / N_INSTANCES
+    )
+    assert float(by_c[4]["Inferences/Second"]) <= 1.1 * cap
+    # latency at c=4 is about twice the service time: the queue shows up server-side
+    assert int(by_c[4]["p50 latency"]) > 1.5 * SLEEP_MS * 1000
+    assert int(by_c[4]["Server Queue"]) > 10_000
+    assert int(by_c[1]["Server Compute Infer"]) >= SLEEP_MS * 1000 * 0.9
+    # perf_analyzer's console blocks, then the knee and the budget
+    assert "Request concurrency: 3" in r.stdout and "  Server: " in r.stdout
+    assert "Avg request latency:" in r.stdout
+    assert "Latency budget 60 ms: best is concurrency" in r.stdout
+    from PIL import Image
+
+    from sluice.perf.plot import PLOT_SIZE_PX
+
+    with Image.open(png) as im:
+        im.load()
+        assert im.size == PLOT_SIZE_PX
+
+
+def test_grpc_concurrency_random_data_knee(srv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "grpc.csv"
+    r = perf(
+        "-m",
+        "sleep",
+        "-i",
+        "grpc",
+        "-u",
+        srv.grpc,
+        "--concurrency-range",
+        "1:4",
+        "--input-data",
+        "random",
+        "-a",
+        *FAST,
+        "-f",
+        str(out),
+        "--verbose-csv",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert abs(knee_level(r.stdout) - N_INSTANCES) <= 1, r.stdout
+    assert "Avg gRPC time:" in r.stdout
+    rows = read_csv(out)
+    assert len(rows) == 4 and "Generator CPU %" in rows[0]
+    assert all(int(row["Errors"]) == 0 for row in rows)
+
+
+def test_http_request_rate_json_data_count_windows(srv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data = tmp_path / "data.json"
+    data.write_text(
+        json.dumps({"data": [{"INPUT0": [1.0]}, {"INPUT0": {"content": [2.0], "shape": [1]}}]})
+    )
+    out = tmp_path / "rate.csv"
+    r = perf(
+        "-m",
+        "sleep",
+        "-u",
+        srv.http,
+        "--request-rate-range",
+        "10:30:20",
+        "--input-data",
+        str(data),
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        "15",
+        "-s",
+        "50",
+        "-r",
+        "8",
+        "--no-progress",
+        "-f",
+        str(out),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = read_csv(out)
+    assert list(rows[0])[0] == "Request Rate"
+    for row in rows:  # under capacity: the server keeps up with the schedule
+        rate = float(row["Request Rate"])
+        assert 0.7 * rate <= float(row["Inferences/Second"]) <= 1.3 * rate, row
+        assert int(row["p50 latency"]) < 3 * SLEEP_MS * 1000
+
+
+def test_grpc_poisson_over_capacity_latency_grows(srv) -> None:  # type: ignore[no-untyped-def]
+    # 80 req/s into a 50 req/s server: open loop keeps sending, so latency measured from the
+    # schedule grows through the window (closed loop would hide that).
+    r = perf(
+        "-m",
+        "sleep",
+        "-i",
+        "grpc",
+        "-u",
+        srv.grpc,
+        "--request-rate-range",
+        "80",
+        "--request-distribution",
+        "poisson",
+        "-p",
+        "800",
+        "-s",
+        "1000",
+        "-r",
+        "3",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    p99 = int(next(ln for ln in r.stdout.splitlines() if "p99 latency:" in ln).split()[2])
+    assert p99 > 4 * SLEEP_MS * 1000, r.stdout
+    thr = float(next(ln for ln in r.stdout.splitlines() if "Throughput:" in ln).split()[1])
+    assert thr <= 1.15 * N_INSTANCES * 1000 / SLEEP_MS
+
+
+def test_dynamic_dim_needs_shape_and_batch(srv) -> None:  # type: ignore[no-untyped-def]
+    r = perf("-m", "dyn", "-u", srv.http, "-p", "300", "--no-progress")
+    assert r.returncode == 1
+    assert "input 'INPUT0'" in r.stderr and "--shape INPUT0:" in r.stderr
+    r = perf(
+        "-m",
+        "dyn",
+        "-u",
+        srv.http,
+        "--shape",
+        "INPUT0:16",
+        "-b",
+        "4",
+        "-p",
+        "300",
+        "-s",
+        "1000",
+        "-r",
+        "3",
+        "--no-progress",
+        "--sync",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Batch size: 4" in r.stdout
+
+
+def test_add_sub_grpc_batch_json_rows(srv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data = tmp_path / "add.json"
+    row = {"INPUT0": [1, 2, 3, 4], "INPUT1": {"content": [[1, 1], [1, 1]], "shape": [4]}}
+    data.write_text(json.dumps({"data": [row, row, row]}))
+    r = perf(
+        "-m",
+        "add_sub",
+        "-i",
+        "grpc",
+        "-u",
+        srv.grpc,
+        "-b",
+        "2",
+        "--input-data",
+        str(data),
+        "-p",
+        "300",
+        "-s",
+        "1000",
+        "-r",
+        "3",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Failed requests" not in r.stdout and "WARNING" not in r.stderr
