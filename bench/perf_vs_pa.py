@@ -244,9 +244,7 @@ def main() -> int:
 
             ratio = f"{sl['thr'] / pa['thr']:6.3f}" if pa and sl else "   n/a"
             cpu = f"{sl['cpu']:8.1f}" if sl else " " * 8
-            print(
-                f"{name:7} {proto:5} {c:3d} | {fmt(pa)} | {fmt(sl)[:-0] if sl is None else ' ' + fmt(sl)} {cpu} | {ratio}"
-            )
+            print(f"{name:7} {proto:5} {c:3d} | {fmt(pa)} | {fmt(sl)} {cpu} | {ratio}")
         print(
             f"\n(-p {args.interval} -s {args.stability} -r {args.trials}; ratio = sluice perf / perf_analyzer "
             f"throughput; machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f})"

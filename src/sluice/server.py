@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from .config import ServerConfig
+from .errors import ServerError
 from .repository.manager import ModelManager
 from .service import InferenceService
 
@@ -148,4 +149,8 @@ def run(config: ServerConfig) -> int:
             loop.add_signal_handler(sig, server.request_stop)
         return await server.serve()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except ServerError as exc:  # e.g. a port already in use: one clear line, no traceback
+        log.error("sluice: %s", exc)
+        return 1
