@@ -30,8 +30,8 @@ test: install models
 	scripts/run-tests
 
 check: install
-	$(VENV)/bin/ruff format --check src tests bench
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/mypy
 
 format: install

@@ -60,6 +60,8 @@ async def run(n: int, concurrencies: list[int], model: str) -> None:
 
         await asyncio.gather(*(client(200 // conc or 1) for _ in range(conc)))  # warm-up
         lat.clear()
+        st0 = manager.get_serving(model).stats
+        inf0, ex0 = st0.inference_count, st0.execution_count
         t0 = time.perf_counter()
         await asyncio.gather(*(client(n // conc) for _ in range(conc)))
         rate = len(lat) / (time.perf_counter() - t0)
@@ -79,6 +81,12 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
     p.add_argument("--model", default="add_sub")
+    p.add_argument(
+        "--histograms",
+        choices=["on", "off", "both"],
+        default="on",
+        help="'both' runs twice (off, then on) to show what the latency histograms cost",
+    )
     args = p.parse_args()
     try:
         import uvloop
@@ -86,7 +94,14 @@ def main() -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(run(args.requests, args.concurrency, args.model))
+    from sluice.stats import Histogram
+
+    observe = Histogram.observe_ns
+    for mode in ["off", "on"] if args.histograms == "both" else [args.histograms]:
+        Histogram.observe_ns = observe if mode == "on" else (lambda self, ns: None)  # type: ignore[method-assign]
+        print(f"--- latency histograms {mode}")
+        asyncio.run(run(args.requests, args.concurrency, args.model))
+    Histogram.observe_ns = observe  # type: ignore[method-assign]
     return 0
 
 

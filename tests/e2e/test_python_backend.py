@@ -186,3 +186,51 @@ def test_model_error_then_everything_still_serves(srv):
         code, out = infer_fp32(srv, m, 1.0)
         assert code == 200, (m, out)
     assert error_text(post(srv, "/v2/models/faulty/infer", {"inputs": []})[1])
+
+
+AUTO_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2)]) for r in requests]
+"""
+
+
+def test_auto_complete_config_through_the_server(tmp_path: Path, start_server):
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from tests.zoo import write_model
+
+    repo = tmp_path / "repo"
+    write_model(repo, "auto", 'backend: "python"\n', AUTO_PY)
+    srv = start_server(repo, "--model-control-mode=explicit", "--load-model=auto")
+    client = httpclient.InferenceServerClient(srv.http)
+    cfg = client.get_model_config("auto")
+    assert cfg["max_batch_size"] == 4
+    assert [i["name"] for i in cfg["input"]] == ["X"] and cfg["input"][0]["dims"] == [2]
+    assert [o["name"] for o in cfg["output"]] == ["Y"]
+    assert "dynamic_batching" in cfg
+    x = httpclient.InferInput("X", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    assert client.infer("auto", [x]).as_numpy("Y").tolist() == [[2.0, 4.0]]
+    client.close()
+    # with --disable-auto-complete-config the config stays as written: no inputs, no batching
+    srv2 = start_server(
+        repo, "--model-control-mode=explicit", "--load-model=auto", "--disable-auto-complete-config"
+    )
+    code, body = srv2.get("/v2/models/auto/config")
+    cfg2 = json.loads(body)
+    assert code == 200 and cfg2["input"] == [] and cfg2["max_batch_size"] == 0

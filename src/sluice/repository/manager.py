@@ -122,8 +122,9 @@ class ModelManager:
             return False
         if not self.config.strict_readiness:
             return True
-        return all(rec.ready and self.is_ready(rec.name)
-                   for rec in self.records.values() if rec.required)
+        return all(
+            rec.ready and self.is_ready(rec.name) for rec in self.records.values() if rec.required
+        )
 
     def all_serving(self) -> Iterable[ServingVersion]:
         for rec in list(self.records.values()):
@@ -383,8 +384,10 @@ class ModelManager:
             try:
                 await self.load(m)
             except ServerError as exc:
-                raise type(exc)(f"failed to load '{ensemble}': composing model '{m}' failed to "
-                                f"load: {exc}", exc.status) from None
+                raise type(exc)(
+                    f"failed to load '{ensemble}': composing model '{m}' failed to load: {exc}",
+                    exc.status,
+                ) from None
 
     def _serving_config(self, name: str, version: str) -> mc.ModelConfig | None:
         try:
@@ -401,8 +404,10 @@ class ModelManager:
         try:
             response = await sv.scheduler.submit(request, batch, key)
         except ServerError as exc:
-            sv.stats.record_failure(time.monotonic_ns() - arrival,
-                                    "REJECTED" if isinstance(exc, Unavailable) else "BACKEND")
+            sv.stats.record_failure(
+                time.monotonic_ns() - arrival,
+                "REJECTED" if isinstance(exc, Unavailable) else "BACKEND",
+            )
             raise
         sv.stats.record_success(time.monotonic_ns() - arrival)
         return response
