@@ -70,7 +70,7 @@ async def run(n: int, concurrencies: list[int], model: str) -> None:
         print(
             f"c={conc:<3} {rate:8,.0f} req/s  mean {statistics.mean(lat) * 1e6:7.0f} us  "
             f"p99 {lat[int(len(lat) * 0.99)] * 1e6:7.0f} us  "
-            f"avg batch {st.inference_count / max(st.execution_count, 1):.1f}  "
+            f"avg batch {(st.inference_count - inf0) / max(st.execution_count - ex0, 1):.1f}  "
             f"ratio to floor {rate / floor:.3f}"
         )
     await manager.shutdown(5)
