@@ -82,6 +82,9 @@ class Server:
         )
 
     async def serve(self) -> int:
+        for repo in self.config.model_repositories:
+            if not repo.is_dir():
+                raise ServerError(f"--model-repository {repo}: no such directory")
         await self._start_frontends()
         self.started.set()
         failed = await self.manager.startup()

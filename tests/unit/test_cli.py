@@ -52,3 +52,23 @@ def test_unknown_flag_is_a_clear_error_not_a_traceback():
     assert r.returncode == 2
     assert "unrecognized arguments: --no-such-flag=1" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_missing_repository_is_one_clear_line(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            f"--model-repository={tmp_path / 'nope'}",
+            "--http-port=0",
+            "--grpc-port=0",
+            "--metrics-port=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert "no such directory" in r.stderr and "Traceback" not in r.stderr
