@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..scheduling.timer import DeadlineTimer
 from .grpc_driver import LATE_NS, GrpcDriver, Recorder
 
 __all__ = ["WorkerConfig", "worker_main", "LATE_NS"]
@@ -67,7 +68,9 @@ class _Worker:
         self.idle: list[_HttpConn] = []
         self.waiting: deque[int] = deque()
         self.opening = 0
-        self.timer: asyncio.TimerHandle | None = None
+        # perf_counter_ns is CLOCK_MONOTONIC on Linux, the clock DeadlineTimer arms against;
+        # loop.call_at would round sub-millisecond gaps (uvloop: down, so it would spin).
+        self.timer: DeadlineTimer | None = None
         self.grpc: GrpcDriver | None = None
         if cfg.protocol == "grpc":
             self.recorder = Recorder()
@@ -133,7 +136,9 @@ class _Worker:
             self.dispatch(int(due))
             due += self.gap()
         self.due = due
-        self.timer = self.loop.call_at(self.loop.time() + (due - _now()) / 1e9, self.fire)
+        if self.timer is None:
+            self.timer = DeadlineTimer(self.loop, self.fire)
+        self.timer.arm(int(due))
 
     def dispatch(self, due: int) -> None:
         self.inflight += 1
@@ -178,7 +183,7 @@ class _Worker:
     async def stop_level(self) -> None:
         self.running = False
         if self.timer is not None:
-            self.timer.cancel()
+            self.timer.close()
             self.timer = None
         self.waiting.clear()
         if self.grpc is not None:
