@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -127,8 +128,10 @@ class ServerProcess:
         return alive
 
 
-@pytest.fixture
-def start_server(tmp_path: Path) -> Iterator:
+@contextlib.contextmanager
+def server_launcher() -> Iterator:
+    """``start(repo, *flags, ready=True)`` starts a ServerProcess; all of them are stopped by
+    PID (and any worker left behind is killed) when the context ends."""
     started: list[ServerProcess] = []
 
     def start(repo: Path, *flags: str, ready: bool = True, **kw: object) -> ServerProcess:
@@ -140,8 +143,16 @@ def start_server(tmp_path: Path) -> Iterator:
             srv.wait_live()
         return srv
 
-    yield start
-    for srv in started:
-        srv.stop()
-        for child in srv.leftover_children():
-            child.kill()
+    try:
+        yield start
+    finally:
+        for srv in started:
+            srv.stop()
+            for child in srv.leftover_children():
+                child.kill()
+
+
+@pytest.fixture
+def start_server() -> Iterator:
+    with server_launcher() as start:
+        yield start

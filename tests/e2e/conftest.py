@@ -7,28 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.conftest import server_launcher
 
 
 @pytest.fixture(scope="module")
-def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+def module_server() -> Iterator:
     """``start(repo, *flags, ready=True)`` like ``start_server``, stopped when the module ends."""
-    started: list[ServerProcess] = []
-
-    def start(repo: Path, *flags: str, ready: bool = True, **kw: object) -> ServerProcess:
-        srv = ServerProcess(repo, *flags, **kw)  # type: ignore[arg-type]
-        started.append(srv)
-        if ready:
-            srv.wait_ready()
-        else:
-            srv.wait_live()
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
-        for child in srv.leftover_children():
-            child.kill()
+    with server_launcher() as start:
+        yield start
 
 
 @pytest.fixture(scope="module")
