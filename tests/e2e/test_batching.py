@@ -290,3 +290,41 @@ def test_queue_policies_and_priorities(tmp_path: Path, start_server):
     assert set(order[1:3]) == {3.0, 4.0}, order
     client.close()
     g.close()
+
+
+def test_delay_timeout_action_serves_expired_requests_last(tmp_path: Path, start_server):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    sleep_model(
+        repo,
+        "delayq",
+        ms=600,
+        max_batch_size=1,
+        extra="""dynamic_batching {
+        default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 400000 } }""",
+    )
+    srv = start_server(repo)
+    order: list[float] = []
+    lock = threading.Lock()
+
+    def run(value: float) -> None:
+        c = httpclient.InferenceServerClient(srv.http, network_timeout=30)
+        try:
+            c.infer("delayq", _inp(value))
+            with lock:
+                order.append(value)
+        finally:
+            c.close()
+
+    threads = []
+    t0 = time.monotonic()
+    for value, at in ((0.0, 0.0), (1.0, 0.05), (2.0, 0.40)):
+        time.sleep(max(0.0, at - (time.monotonic() - t0)))
+        t = threading.Thread(target=run, args=(value,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(15)
+    # 1.0 waited past its 400 ms timeout behind the blocker: DELAY keeps it (no error) but
+    # serves it after 2.0, which was still within its timeout when the instance freed up.
+    assert order == [0.0, 2.0, 1.0], order
