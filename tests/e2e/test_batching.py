@@ -328,3 +328,60 @@ def test_delay_timeout_action_serves_expired_requests_last(tmp_path: Path, start
     # 1.0 waited past its 400 ms timeout behind the blocker: DELAY keeps it (no error) but
     # serves it after 2.0, which was still within its timeout when the instance freed up.
     assert order == [0.0, 2.0, 1.0], order
+
+
+VARSLEEP_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            time.sleep(float(x.reshape(-1)[0]) / 1000.0)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+"""
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_preserve_ordering_across_instances(tmp_path: Path, start_server, preserve: bool):
+    from tests.zoo import write_model
+
+    repo = tmp_path / "repo"
+    write_model(
+        repo,
+        "varsleep",
+        f"""
+        name: "varsleep"
+        backend: "python"
+        max_batch_size: 1
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 2, kind: KIND_CPU }} ]
+        dynamic_batching {{ preserve_ordering: {str(preserve).lower()} }}
+        """,
+        VARSLEEP_PY,
+    )
+    srv = start_server(repo)
+    order: list[float] = []
+    lock = threading.Lock()
+
+    def run(ms: float) -> None:
+        c = httpclient.InferenceServerClient(srv.http)
+        try:
+            c.infer("varsleep", _inp(ms))
+            with lock:
+                order.append(ms)
+        finally:
+            c.close()
+
+    slow = threading.Thread(target=run, args=(600.0,))
+    slow.start()
+    time.sleep(0.1)
+    fast = threading.Thread(target=run, args=(20.0,))
+    fast.start()
+    slow.join(10)
+    fast.join(10)
+    assert order == ([600.0, 20.0] if preserve else [20.0, 600.0])
