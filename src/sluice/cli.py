@@ -131,12 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _backend_config(
     items: list[str], parser: argparse.ArgumentParser
 ) -> tuple[tuple[str, str, str], ...]:
+    """``<backend>,<setting>=<value>`` or, for every backend, ``<setting>=<value>``."""
     out = []
     for item in items:
         backend, sep, rest = item.partition(",")
+        if not sep:
+            backend, rest = "", item
         key, eq, value = rest.partition("=")
-        if not sep or not eq or not key:
-            parser.error(f"--backend-config expects <backend>,<setting>=<value>, got '{item}'")
+        if not eq or not key:
+            parser.error(f"--backend-config expects [<backend>,]<setting>=<value>, got '{item}'")
         out.append((backend, key, value))
     return tuple(out)
 

@@ -223,3 +223,19 @@ def test_resnet50_example_smoke(start_server, tmp_path) -> None:  # type: ignore
     cfg = config_of(srv, "resnet50")
     assert cfg["instance_group"][0]["count"] == 2
     assert cfg["dynamic_batching"]["preferred_batch_size"] == [4, 8]
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--backend-config=onnxruntime,default-max-batch-size=2",
+        "--backend-config=default-max-batch-size=2",
+    ],
+)
+def test_backend_config_default_max_batch_size(start_server, tmp_path, flag) -> None:  # type: ignore[no-untyped-def]
+    repo = tmp_path / "repo"
+    tiny_model(repo, "auto2", None)
+    srv = start_server(repo, "--model-control-mode=explicit", "--load-model=auto2", flag)
+    cfg = config_of(srv, "auto2")
+    assert cfg["max_batch_size"] == 2
+    assert "dynamic_batching" in cfg

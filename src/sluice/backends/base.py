@@ -41,6 +41,8 @@ class ModelSpec:
     version_dir: Path  # <repo>/<model>/<version>
     config: mc.ModelConfig
     repository: Path  # the repository root holding model_dir
+    # --backend-config settings for this model's backend (global ones included)
+    settings: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

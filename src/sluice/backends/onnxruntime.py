@@ -144,6 +144,7 @@ def check_tensors(
     graph: dict[str, dict[str, tuple[int, list[int]]]],
     what: str,
     complete: bool,
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> mc.ModelConfig:
     """Check (and, if ``complete``, fill) the config's inputs/outputs against the model's.
 
@@ -158,8 +159,8 @@ def check_tensors(
         and not config.HasField("sequence_batching")
         and _can_batch(config, graph)
     ):
-        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-        if not config.HasField("dynamic_batching"):
+        config.max_batch_size = default_max_batch_size
+        if default_max_batch_size > 1 and not config.HasField("dynamic_batching"):
             config.dynamic_batching.SetInParent()
     batching = config.max_batch_size > 0
     for kind, tensors in (("input", config.input), ("output", config.output)):
@@ -231,6 +232,19 @@ def _copy(config: mc.ModelConfig) -> mc.ModelConfig:
 
 
 # --------------------------------------------------------------------------- onnxruntime
+def default_max_batch_size(spec: ModelSpec) -> int:
+    """``--backend-config=[onnxruntime,]default-max-batch-size=N`` (Triton's spelling), else 4."""
+    raw = spec.settings.get("default-max-batch-size")
+    if raw is None:
+        return DEFAULT_MAX_BATCH_SIZE
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        raise InvalidArgument(
+            f"--backend-config default-max-batch-size must be an integer, got '{raw}'"
+        ) from None
+
+
 def _model_path(spec: ModelSpec) -> Path:
     return spec.version_dir / (spec.config.default_model_filename or "model.onnx")
 
@@ -348,7 +362,13 @@ class OnnxRuntimeBackend:
         if not path.is_file():
             return spec.config  # the load reports the missing file
         session = _session(path, spec.config, 1, 1)
-        return check_tensors(spec.config, _graph(session, spec.name), "ONNX model", complete=True)
+        return check_tensors(
+            spec.config,
+            _graph(session, spec.name),
+            "ONNX model",
+            complete=True,
+            default_max_batch_size=default_max_batch_size(spec),
+        )
 
     def create_instances(self, spec: ModelSpec) -> list[ModelInstance]:
         return [

@@ -281,6 +281,7 @@ class ModelManager:
                 "(versions are numeric directories such as 1/)"
             )
         selected = layout.select_versions(config, versions)
+        settings = {k: v for b, k, v in self.config.backend_config if b in ("", config.backend)}
         if backend is not None and not self.config.disable_auto_complete_config:
             probe = ModelSpec(
                 name,
@@ -289,6 +290,7 @@ class ModelManager:
                 model_dir / str(selected[-1]),
                 config,
                 model_dir.parent,
+                settings,
             )
             config = await asyncio.get_running_loop().run_in_executor(
                 None, backend.auto_complete, probe
@@ -303,7 +305,9 @@ class ModelManager:
         started: list[ModelInstance] = []
         try:
             for v in selected:
-                spec = ModelSpec(name, v, model_dir, model_dir / str(v), config, model_dir.parent)
+                spec = ModelSpec(
+                    name, v, model_dir, model_dir / str(v), config, model_dir.parent, settings
+                )
                 fname = config.default_model_filename or (
                     backend.default_model_filename() if backend else ""
                 )
