@@ -385,3 +385,44 @@ def test_preserve_ordering_across_instances(tmp_path: Path, start_server, preser
     slow.join(10)
     fast.join(10)
     assert order == ([600.0, 20.0] if preserve else [20.0, 600.0])
+
+
+def test_instance_kinds_and_several_groups(tmp_path: Path, start_server):
+    """KIND_AUTO and KIND_MODEL run on the CPU; several groups add up; KIND_GPU on a machine
+    without a GPU fails the load with a reason that says so (visible in the index too)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    sleep_model(repo, "groups", ms=1, max_batch_size=0).joinpath("config.pbtxt").write_text(
+        (repo / "groups" / "config.pbtxt")
+        .read_text()
+        .replace(
+            "instance_group [ { count: 1, kind: KIND_CPU } ]",
+            "instance_group [ { count: 2, kind: KIND_AUTO }, { count: 1, kind: KIND_MODEL } ]",
+        )
+    )
+    sleep_model(repo, "gpu", ms=1, max_batch_size=0).joinpath("config.pbtxt").write_text(
+        (repo / "gpu" / "config.pbtxt").read_text().replace("KIND_CPU", "KIND_GPU")
+    )
+    srv = start_server(repo, "--model-control-mode=explicit", "--load-model=groups")
+    before = len(srv.snapshot_children())
+    client = httpclient.InferenceServerClient(srv.http)
+    cfg = client.get_model_config("groups")
+    assert [(g["count"], g["kind"]) for g in cfg["instance_group"]] == [
+        (2, "KIND_CPU"),
+        (1, "KIND_MODEL"),
+    ]
+    i = httpclient.InferInput("INPUT0", [1], "FP32")
+    i.set_data_from_numpy(np.ones(1, np.float32))
+    assert client.infer("groups", [i]).as_numpy("OUTPUT0").tolist() == [1.0]
+    assert before >= 3  # three worker processes (plus multiprocessing's resource tracker)
+    import os
+
+    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("gpu")
+    assert e.value.status() == "400" and "KIND_GPU" in e.value.message()
+    assert "no GPU" in e.value.message()
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["gpu"]["state"] == "UNAVAILABLE" and "KIND_GPU" in index["gpu"]["reason"]
+    client.close()
