@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import SERVER_NAME, __version__
 from .config import ControlMode, ServerConfig
-from .errors import InvalidArgument, ServerError, Unavailable
+from .errors import Internal, InvalidArgument, ServerError, Unavailable
 from .protocol.datatypes import numpy_to_kserve
 from .repository.layout import check_model_name
 from .repository.manager import ModelManager
@@ -150,7 +150,7 @@ class InferenceService:
             missing = [o.name for o in wanted if o.name not in outs]
             if missing:
                 stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
-                raise InvalidArgument(
+                raise Internal(  # the model's fault, not the client's
                     f"model '{request.model_name}' did not produce requested output(s) {missing}"
                 )
             response.outputs = {o.name: outs[o.name] for o in wanted}
