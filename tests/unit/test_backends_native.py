@@ -8,8 +8,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from sluice.backends.batching import concat_inputs, split_outputs
 from sluice.backends.ensemble import plan
-from sluice.backends.onnxruntime import check_tensors, concat_inputs, split_outputs
+from sluice.backends.onnxruntime import check_tensors
 from sluice.backends.torchscript import forward_binding
 from sluice.errors import InvalidArgument
 from sluice.types import InferRequest

@@ -19,7 +19,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from sluice.backends import triton_python_backend_utils as pb_utils
 from sluice.backends.base import ModelSpec, backend_for
-from sluice.backends.python import PythonBackend, PythonInstance, instance_names
+from sluice.backends.batching import instance_names
+from sluice.backends.python import PythonBackend, PythonInstance
 from sluice.errors import ServerError, Status
 from sluice.types import InferRequest, InferResponse, OutputSpec
 

@@ -16,7 +16,8 @@ Rules of this file:
   contradicts the graph (unknown name, data type, rank) fails the load naming the tensor,
   whether or not auto-complete ran.
 
-``concat_inputs`` / ``split_outputs`` are shared with the torchscript and tensorrt backends.
+``check_tensors``, ``thread_param`` and ``default_intra_threads`` are shared with the
+torchscript and tensorrt backends; batching helpers live in ``batching.py``.
 
 Usage (the core)::
 
@@ -40,16 +41,14 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import Internal, InvalidArgument, NotFound, ServerError
-from ..types import InferRequest, InferResponse
+from ..errors import Internal, InvalidArgument, NotFound
+from ..types import InferRequest
 from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
-from .python import instance_names
+from .batching import concat_inputs, instance_names, responses
 
 __all__ = [
     "OnnxRuntimeBackend",
     "OnnxRuntimeInstance",
-    "concat_inputs",
-    "split_outputs",
     "check_tensors",
     "thread_param",
     "DEFAULT_MAX_BATCH_SIZE",
@@ -73,43 +72,6 @@ _ORT_TYPES = {
     "tensor(int64)": mc.TYPE_INT64,
     "tensor(string)": mc.TYPE_STRING,
 }
-
-
-# --------------------------------------------------------------------------- batching helpers
-def concat_inputs(requests: Sequence[InferRequest], names: Sequence[str]) -> dict[str, np.ndarray]:
-    """The batch's inputs: each request's array as is for one request, else concatenated on
-    axis 0 (the scheduler only batches requests whose non-batch shapes match)."""
-    if len(requests) == 1:
-        return {n: requests[0].inputs[n] for n in names if n in requests[0].inputs}
-    return {
-        n: np.concatenate([r.inputs[n] for r in requests], axis=0)
-        for n in names
-        if n in requests[0].inputs
-    }
-
-
-def split_outputs(
-    outputs: dict[str, np.ndarray], sizes: Sequence[int]
-) -> list[dict[str, np.ndarray]]:
-    """Split batched outputs back by each request's batch size (views, no copies)."""
-    if len(sizes) == 1:
-        return [outputs]
-    bounds = np.cumsum(sizes)[:-1]
-    per: list[dict[str, np.ndarray]] = [{} for _ in sizes]
-    for name, arr in outputs.items():
-        for i, part in enumerate(np.split(arr, bounds, axis=0)):
-            per[i][name] = part
-    return per
-
-
-def batch_sizes(requests: Sequence[InferRequest], batching: bool) -> list[int]:
-    if not batching:
-        return [1] * len(requests)
-    out = []
-    for r in requests:
-        first = next(iter(r.inputs.values()), None)
-        out.append(int(first.shape[0]) if first is not None and first.ndim else 1)
-    return out
 
 
 def thread_param(config: mc.ModelConfig, key: str) -> int | None:
@@ -333,12 +295,7 @@ class OnnxRuntimeInstance:
                 outs[k] = np.array(
                     [s.encode() if isinstance(s, str) else s for s in v.flat], dtype=object
                 ).reshape(v.shape)
-        sizes = batch_sizes(requests, self._batching)
-        version = str(self.spec.version)
-        results: list[InferResponse | ServerError] = [
-            InferResponse(self.spec.name, version, r.id, part)
-            for r, part in zip(requests, split_outputs(outs, sizes), strict=True)
-        ]
+        results = responses(self.spec, requests, outs, self._batching)
         t3 = clock()
         return ExecuteResult(results, t1 - t0, t2 - t1, t3 - t2)
 

@@ -44,8 +44,9 @@ from ..workers.messages import OK, Execute, RequestRef, WorkerSetup
 from ..workers.pool import WorkerClient, run_auto_complete
 from ..workers.shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix
 from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
+from .batching import instance_names
 
-__all__ = ["PythonBackend", "PythonInstance", "model_config_json", "instance_names"]
+__all__ = ["PythonBackend", "PythonInstance", "model_config_json"]
 
 # pb_utils.TritonError codes -> our statuses (Triton's UNKNOWN has no twin: INTERNAL).
 _STATUS_OF_CODE = {
@@ -65,34 +66,6 @@ _instance_serial = itertools.count(1)
 def model_config_json(config: mc.ModelConfig) -> str:
     """Triton's JSON form of a model config (as given in ``args["model_config"]``)."""
     return json.dumps(config_to_json_dict(config))
-
-
-def instance_names(config: mc.ModelConfig) -> list[tuple[str, str, int]]:
-    """``(instance name, kind, device id)`` per instance, named as Triton names them.
-
-    A group is called ``<group name>`` or ``<model>_<group index>``; its instances are
-    ``<group>_<i>`` when the group has more than one, else just ``<group>``.
-    """
-    groups = list(config.instance_group)
-    out: list[tuple[str, str, int]] = []
-    if not groups:
-        return [(f"{config.name}_0", "CPU", 0)]
-    for gi, group in enumerate(groups):
-        gname = group.name or f"{config.name}_{gi}"
-        kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
-        kind = kind_name.removeprefix("KIND_")
-        if kind == "AUTO":
-            kind = "CPU"
-        devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
-        count = max(int(group.count), 1)
-        total = count * len(devices)
-        i = 0
-        for device in devices:
-            for _ in range(count):
-                name = f"{gname}_{i}" if total > 1 else gname
-                out.append((name, kind, int(device)))
-                i += 1
-    return out
 
 
 def _model_file(spec: ModelSpec) -> Path:

@@ -27,11 +27,11 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import Internal, InvalidArgument, NotFound, ServerError
-from ..types import InferRequest, InferResponse
+from ..errors import Internal, InvalidArgument, NotFound
+from ..types import InferRequest
 from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
-from .onnxruntime import batch_sizes, check_tensors, concat_inputs, split_outputs
-from .python import instance_names
+from .batching import concat_inputs, instance_names, responses
+from .onnxruntime import check_tensors
 
 __all__ = ["TensorRTBackend", "TensorRTInstance", "runtime_problem"]
 
@@ -179,13 +179,7 @@ class TensorRTInstance:
                 raise Internal(f"TensorRT failed to execute model '{self.spec.name}'")
             host = {n: t.cpu().numpy() for n, t in outs.items()}  # synchronises the stream
         t2 = clock()
-        version = str(self.spec.version)
-        results: list[InferResponse | ServerError] = [
-            InferResponse(self.spec.name, version, r.id, part)
-            for r, part in zip(
-                requests, split_outputs(host, batch_sizes(requests, self._batching)), strict=True
-            )
-        ]
+        results = responses(self.spec, requests, host, self._batching)
         return ExecuteResult(results, t1 - t0, t2 - t1, clock() - t2)
 
     async def stop(self, grace: float | None = None) -> None:

@@ -32,16 +32,10 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import Internal, InvalidArgument, NotFound, ServerError
-from ..types import InferRequest, InferResponse
+from ..types import InferRequest
 from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
-from .onnxruntime import (
-    batch_sizes,
-    concat_inputs,
-    default_intra_threads,
-    split_outputs,
-    thread_param,
-)
-from .python import instance_names
+from .batching import concat_inputs, instance_names, responses
+from .onnxruntime import default_intra_threads, thread_param
 
 __all__ = ["TorchScriptBackend", "TorchScriptInstance", "import_torch", "forward_binding"]
 
@@ -186,13 +180,7 @@ class TorchScriptInstance:
         except Exception as exc:
             raise Internal(f"pytorch model '{self.spec.name}' failed: {exc}") from None
         t2 = clock()
-        version = str(self.spec.version)
-        results: list[InferResponse | ServerError] = [
-            InferResponse(self.spec.name, version, r.id, part)
-            for r, part in zip(
-                requests, split_outputs(outs, batch_sizes(requests, self._batching)), strict=True
-            )
-        ]
+        results = responses(self.spec, requests, outs, self._batching)
         return ExecuteResult(results, t1 - t0, t2 - t1, clock() - t2)
 
     async def stop(self, grace: float | None = None) -> None:
