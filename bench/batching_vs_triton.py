@@ -13,29 +13,16 @@ on / off at concurrency 16) for each server.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from ratio_table import load, num  # noqa: E402
 
-
-def _rows(path: Path) -> dict[tuple[str, int], dict[str, str]]:
-    out: dict[tuple[str, int], dict[str, str]] = {}
-    with path.open() as f:
-        for row in csv.DictReader(f):
-            if row.get("proto") == "grpc":
-                out[(row["model"], int(row["concurrency"]))] = row
-    return out
-
-
-def _f(row: dict[str, str] | None, key: str) -> float:
-    try:
-        return float(row[key]) if row else 0.0
-    except (KeyError, ValueError):
-        return 0.0
+SUFFIX = "_batching"  # own result folders, so bench/vs_triton.sh runs do not overwrite them
 
 
 def main() -> int:
@@ -51,13 +38,23 @@ def main() -> int:
             **os.environ,
             "MODELS": "heavy_batch heavy_nobatch",
             "PROTOCOLS": "grpc",
+            "RESULT_SUFFIX": SUFFIX,
             "CONCURRENCY": " ".join(map(str, args.concurrency)),
             "MEASUREMENT_MS": str(args.interval),
         }
         rc = subprocess.call([str(HERE / "vs_triton.sh")], env=env)
         if rc != 0:
             print(f"vs_triton.sh exited with {rc}", file=sys.stderr)
-    sl, tr = _rows(results / "sluice" / "summary.csv"), _rows(results / "triton" / "summary.csv")
+    sl = {
+        (m, c): r
+        for (m, proto, c), r in load(results, "sluice" + SUFFIX).items()
+        if proto == "grpc"
+    }
+    tr = {
+        (m, c): r
+        for (m, proto, c), r in load(results, "triton" + SUFFIX).items()
+        if proto == "grpc"
+    }
     print(
         "\nmodel          conc   sluice inf/s  p50 ms  p99 ms |  triton inf/s  p50 ms  p99 ms"
         " | sluice/triton"
@@ -65,16 +62,16 @@ def main() -> int:
     for model in ("heavy_batch", "heavy_nobatch"):
         for c in args.concurrency:
             s, t = sl.get((model, c)), tr.get((model, c))
-            st, tt = _f(s, "infer_per_sec"), _f(t, "infer_per_sec")
+            st, tt = num(s, "infer_per_sec"), num(t, "infer_per_sec")
             ratio = f"{st / tt:.2f}x" if tt else "n/a"
             print(
-                f"{model:<14} {c:>4} {st:>14.0f} {_f(s, 'p50_us') / 1e3:7.2f} "
-                f"{_f(s, 'p99_us') / 1e3:7.2f} | {tt:>13.0f} {_f(t, 'p50_us') / 1e3:7.2f} "
-                f"{_f(t, 'p99_us') / 1e3:7.2f} | {ratio}"
+                f"{model:<14} {c:>4} {st:>14.0f} {num(s, 'p50_us') / 1e3:7.2f} "
+                f"{num(s, 'p99_us') / 1e3:7.2f} | {tt:>13.0f} {num(t, 'p50_us') / 1e3:7.2f} "
+                f"{num(t, 'p99_us') / 1e3:7.2f} | {ratio}"
             )
     for name, rows in (("sluice", sl), ("triton", tr)):
-        on = _f(rows.get(("heavy_batch", 16)), "infer_per_sec")
-        off = _f(rows.get(("heavy_nobatch", 16)), "infer_per_sec")
+        on = num(rows.get(("heavy_batch", 16)), "infer_per_sec")
+        off = num(rows.get(("heavy_nobatch", 16)), "infer_per_sec")
         gain = f"{on / off:.1f}x" if off else "n/a"
         print(f"batching gain at concurrency 16 ({name}): {on:.0f} / {off:.0f} = {gain}")
     return 0

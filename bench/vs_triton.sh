@@ -26,4 +26,9 @@ SLUICE="$ROOT/.venv/bin/sluice"
 CMD="$SLUICE serve --model-repository={repo} --http-address={host} --grpc-address={host} \
 --metrics-address={host} --http-port={http_port} --grpc-port={grpc_port} \
 --metrics-port={metrics_port}${SLUICE_FLAGS:+ $SLUICE_FLAGS}"
-exec "$PEERS/run.sh" --custom-name sluice --custom-cmd "$CMD" custom triton
+rc=0
+"$PEERS/run.sh" --custom-name sluice --custom-cmd "$CMD" custom triton || rc=$?
+echo
+echo "sluice vs Triton (ratio = sluice / Triton):"
+"$ROOT/.venv/bin/python" "$HERE/ratio_table.py" --suffix "${RESULT_SUFFIX:-}"
+exit $rc
