@@ -98,7 +98,7 @@ def main() -> int:
 
     observe = Histogram.observe_ns
     for mode in ["off", "on"] if args.histograms == "both" else [args.histograms]:
-        Histogram.observe_ns = observe if mode == "on" else (lambda self, ns: None)  # type: ignore[method-assign]
+        Histogram.observe_ns = observe if mode == "on" else (lambda self, ns, n=1: None)  # type: ignore[method-assign]
         print(f"--- latency histograms {mode}")
         asyncio.run(run(args.requests, args.concurrency, args.model))
     Histogram.observe_ns = observe  # type: ignore[method-assign]

@@ -179,7 +179,6 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         log_verbose=ns.log_verbose,
         exit_on_error=ns.exit_on_error,
         backend_config=_backend_config(ns.backend_config, parser),
-        env=ServerConfig.environment(),
     )
 
 

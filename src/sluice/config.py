@@ -1,12 +1,11 @@
 """ServerConfig: one frozen object built by the CLI and passed down explicitly.
 
-This is the only module that reads ``os.environ`` (nothing does at import time).
+Nothing in the server reads ``os.environ``; every setting arrives through this object.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["ServerConfig", "ControlMode"]
@@ -42,8 +41,3 @@ class ServerConfig:
     log_verbose: int = 0
     exit_on_error: bool = True
     backend_config: tuple[tuple[str, str, str], ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-
-    @staticmethod
-    def environment() -> dict[str, str]:
-        return dict(os.environ)

@@ -40,7 +40,6 @@ class Server:
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
         self.metrics_port = config.metrics_port
-        self.started = asyncio.Event()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -86,7 +85,6 @@ class Server:
             if not repo.is_dir():
                 raise ServerError(f"--model-repository {repo}: no such directory")
         await self._start_frontends()
-        self.started.set()
         failed = await self.manager.startup()
         if failed:
             log.error("failed to load model(s): %s", ", ".join(failed))

@@ -62,10 +62,6 @@ class InferenceService:
         """Readiness turns false and new inference is refused, on every front-end at once."""
         self._accepting = False
 
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
-
     # --- health ---------------------------------------------------------------
     def live(self) -> bool:
         return True

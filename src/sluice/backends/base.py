@@ -51,7 +51,6 @@ class ExecuteResult:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class ModelInstance(Protocol):

@@ -210,13 +210,11 @@ class PythonInstance:
                 datatypes[ref[0]] = ref[1]
             results.append(InferResponse(model_name, version, r.id, outputs, datatypes))
         t3 = clock()
-        worker_ns = reply.compute_input_ns + reply.compute_infer_ns + reply.compute_output_ns
         return ExecuteResult(
             results,
             compute_input_ns=(t1 - t0) + reply.compute_input_ns,
             compute_infer_ns=reply.compute_infer_ns,
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
-            extra={"ipc_ns": max(t2 - t1 - worker_ns, 0)},
         )
 
     async def stop(self, grace: float | None = None) -> None:

@@ -8,10 +8,8 @@ __all__ = [
     "KSERVE_TO_NUMPY",
     "NUMPY_TO_KSERVE",
     "config_to_kserve",
-    "kserve_to_config",
     "numpy_to_kserve",
     "kserve_to_numpy",
-    "element_size",
 ]
 
 KSERVE_TO_NUMPY: dict[str, np.dtype] = {
@@ -41,11 +39,6 @@ def config_to_kserve(data_type: str) -> str:
     return "BYTES" if name == "STRING" else name
 
 
-def kserve_to_config(datatype: str) -> str:
-    """``FP32`` -> ``TYPE_FP32``; ``BYTES`` -> ``TYPE_STRING``."""
-    return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
-
-
 def numpy_to_kserve(dtype: np.dtype) -> str | None:
     if dtype.kind in _BYTES_KINDS:
         return "BYTES"
@@ -54,11 +47,3 @@ def numpy_to_kserve(dtype: np.dtype) -> str | None:
 
 def kserve_to_numpy(datatype: str) -> np.dtype | None:
     return KSERVE_TO_NUMPY.get(datatype)
-
-
-def element_size(datatype: str) -> int:
-    """Bytes per element for fixed-size types; 0 for BYTES."""
-    dt = KSERVE_TO_NUMPY.get(datatype)
-    if dt is None or dt.kind == "O":
-        return 0
-    return int(dt.itemsize)

@@ -63,7 +63,6 @@ class ModelManager:
         self._override_dirs: dict[str, Path] = {}
         self._poll_task: asyncio.Task[None] | None = None
         self.startup_done = False
-        self.load_listeners: list[Any] = []
         # ensemble name -> its composing models (an ensemble is ready only while they are)
         self._ensembles: dict[str, list[str]] = {}
 
@@ -222,8 +221,6 @@ class ModelManager:
                     rec.states[-1] = (UNAVAILABLE, str(exc))
                 raise
         rec.required = True
-        for listener in self.load_listeners:
-            listener(name)
 
     def _write_override(self, name: str, files: dict[str, Any]) -> Path:
         root = Path(tempfile.mkdtemp(prefix="sluice-override-"))
@@ -447,8 +444,6 @@ class ModelManager:
             await self._retire(old)
             for sv in old:
                 rec.states[sv.spec.version] = (UNAVAILABLE, "unloaded")
-            if not old and not rec.states:
-                rec.states = {}
         for m in self._ensembles.pop(name, ()):
             if m in self.records:
                 self.records[m].dependents.discard(name)

@@ -23,7 +23,6 @@ __all__ = [
     "normalise",
     "validate",
     "config_to_json_dict",
-    "default_model_filename",
 ]
 
 CONFIG_FILE = "config.pbtxt"
@@ -90,10 +89,6 @@ def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"cannot read {path}: {exc}") from None
     return parse_config_text(text, str(path)), True
-
-
-def default_model_filename(config: mc.ModelConfig) -> str:
-    return config.default_model_filename or _DEFAULT_FILENAME.get(config.backend, "model")
 
 
 def normalise(config: mc.ModelConfig, model_dir: Path, versions: list[int]) -> mc.ModelConfig:

@@ -95,7 +95,7 @@ class Scheduler:
         # preserve_ordering: batches deliver their responses in dispatch order.
         self._ordered = bool(db and db.preserve_ordering)
         self._order: deque[list[Any]] = deque()  # [jobs, results | None]
-        self._loop = asyncio.get_event_loop()
+        self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ submit
