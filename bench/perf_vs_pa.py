@@ -3,10 +3,19 @@
 Starts ``sluice serve`` on examples/model_repo (and, with --triton, real Triton on the
 bench-peers add_sub), then for each server, protocol and concurrency (1, 8, 32) runs
 perf_analyzer and ``sluice perf`` with the same flags, back to back, alternating which goes
-first, and prints throughput, p50 and p99 of both and their ratio. Bounded: each tool run has
-a timeout, and the default windows are short (-p 1500, -s 50, -r 6).
+first, ``--rounds`` times, and prints throughput, p50 and p99 of both (medians over the rounds),
+each tool's CPU use, and the ratio (the median of the per-round ratios: the two runs of a round
+are back to back, so the box's drift cancels). Bounded: each tool run has a timeout, and the
+default windows are short (-p 1500, -s 50, -r 6).
 
-    .venv/bin/python bench/perf_vs_pa.py [--triton] [--protocols http grpc] [-p 1500]
+By default the server is pinned to CPU 0 and both load tools to the other CPUs (``--no-pin``
+to share all CPUs). On a 2-core box the generator's own CPU otherwise comes out of the server's
+share: perf_analyzer's libcurl client spends about twice the CPU per HTTP request that sluice
+perf does (56% vs 28% of a core at concurrency 32), so unpinned the same server answers sluice
+perf ~10-20% faster, and the comparison measures the two clients' appetite instead of the
+server. Pinned, the server has the same core whichever tool drives it.
+
+    .venv/bin/python bench/perf_vs_pa.py [--triton] [--protocols http grpc] [--rounds 5]
 
 Needs /tmp/peers (bench-peers' setup.sh): perf_analyzer and tritonserver.
 """
@@ -16,9 +25,11 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS = Path(os.environ.get("PEERS_DIR", "/tmp/peers"))
 PA = PEERS / "bin" / "perf_analyzer"
 TRITON = PEERS / "bin" / "tritonserver"
+PIN_SERVER: list[str] = []
+PIN_TOOL: list[str] = []
 TRITON_REPO = ROOT.parent / "shared" / "bench-peers" / "models" / "triton"
 
 
@@ -46,7 +59,11 @@ class Server:
         self.name, self.http, self.grpc = name, http, grpc
         self.log = log.open("wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+            [*PIN_SERVER, *cmd],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
         )
 
     def wait_ready(self, model: str, timeout: float = 180) -> None:
@@ -150,6 +167,9 @@ def run_tool(
         else [sys.executable, "-m", "sluice", "perf", *common, "--no-progress"]
     )
     out.unlink(missing_ok=True)
+    cmd = [*PIN_TOOL, *cmd]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -163,7 +183,12 @@ def run_tool(
         return None
     with out.open() as f:
         row = next(csv.DictReader(f))
-    cpu = None
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    # perf_analyzer: the whole process over its run (a C++ binary, start-up is negligible);
+    # sluice perf: what it reports for its load workers during the windows (the whole process
+    # would add ~1 s of Python imports to a few seconds of load)
+    cpu = 100 * used / (time.monotonic() - t0)
     if tool == "sluice":
         for line in r.stdout.splitlines():
             if "Load generator:" in line:
@@ -174,6 +199,17 @@ def run_tool(
         "p99": int(row["p99 latency"]) / 1000,
         "cpu": cpu if cpu is not None else float("nan"),
     }
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, float] | None:
+    """Each figure's median over the rounds (throughput, p50, p99 and CPU separately)."""
+    if not runs:
+        return None
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def spread(runs: list[dict[str, float]]) -> str:
+    return "/".join(f"{r['thr']:.0f}" for r in runs) or "failed"
 
 
 def main() -> int:
@@ -188,7 +224,19 @@ def main() -> int:
     ap.add_argument("-s", "--stability", type=float, default=50)
     ap.add_argument("-r", "--trials", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=90)
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="runs of each tool per cell (median reported)"
+    )
+    ap.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="do not pin server and tools to CPUs"
+    )
     args = ap.parse_args()
+    if args.pin and (os.cpu_count() or 1) < 2:
+        args.pin = False
+    if args.pin:
+        n = os.cpu_count() or 1
+        PIN_SERVER[:] = ["taskset", "-c", "0"]
+        PIN_TOOL[:] = ["taskset", "-c", f"1-{n - 1}" if n > 2 else "1"]
     if not PA.exists():
         print(f"perf_analyzer not found at {PA} (run bench-peers' setup.sh)", file=sys.stderr)
         return 1
@@ -217,23 +265,33 @@ def main() -> int:
                     work / "w.csv",
                 )
                 for c in args.concurrency:
-                    order = ["pa", "sluice"] if n % 2 == 0 else ["sluice", "pa"]
-                    n += 1
-                    res = {t: run_tool(t, s, proto, c, args, work / f"{t}.csv") for t in order}
-                    rows.append((s.name, proto, c, res["pa"], res["sluice"]))
-                    pa, sl = res["pa"], res["sluice"]
-                    if pa and sl:
-                        print(
-                            f"{s.name:7} {proto:5} c={c:<3} pa {pa['thr']:9.1f}/s  sluice perf {sl['thr']:9.1f}/s  "
-                            f"ratio {sl['thr'] / pa['thr']:.3f}",
-                            flush=True,
-                        )
+                    runs: dict[str, list[dict[str, float]]] = {"pa": [], "sluice": []}
+                    pairs: list[float] = []  # sluice perf / perf_analyzer, one per round
+                    for _ in range(args.rounds):
+                        order = ["pa", "sluice"] if n % 2 == 0 else ["sluice", "pa"]
+                        n += 1
+                        got = {t: run_tool(t, s, proto, c, args, work / f"{t}.csv") for t in order}
+                        for t, r in got.items():
+                            if r is not None:
+                                runs[t].append(r)
+                        if got["pa"] and got["sluice"]:
+                            pairs.append(got["sluice"]["thr"] / got["pa"]["thr"])
+                    pa, sl = median_run(runs["pa"]), median_run(runs["sluice"])
+                    ratio = statistics.median(pairs) if pairs else None
+                    rows.append((s.name, proto, c, pa, sl, ratio))
+                    print(
+                        f"{s.name:7} {proto:5} c={c:<3} pa {spread(runs['pa'])}  "
+                        f"sluice perf {spread(runs['sluice'])}  "
+                        f"ratios {'/'.join(f'{x:.2f}' for x in pairs)}",
+                        flush=True,
+                    )
         print()
         print(
             f"{'server':7} {'proto':5} {'c':>3} | {'PA infer/s':>10} {'p50 ms':>7} {'p99 ms':>7} | "
-            f"{'sluice perf':>11} {'p50 ms':>7} {'p99 ms':>7} {'gen CPU%':>8} | {'ratio':>6}"
+            f"{'sluice perf':>11} {'p50 ms':>7} {'p99 ms':>7} | {'PA CPU%':>7} {'ours%':>6} | "
+            f"{'ratio':>6}"
         )
-        for name, proto, c, pa, sl in rows:
+        for name, proto, c, pa, sl, ratio in rows:
 
             def fmt(x: dict[str, float] | None) -> str:
                 return (
@@ -242,12 +300,17 @@ def main() -> int:
                     else f"{x['thr']:10.1f} {x['p50']:7.2f} {x['p99']:7.2f}"
                 )
 
-            ratio = f"{sl['thr'] / pa['thr']:6.3f}" if pa and sl else "   n/a"
-            cpu = f"{sl['cpu']:8.1f}" if sl else " " * 8
-            print(f"{name:7} {proto:5} {c:3d} | {fmt(pa)} | {fmt(sl)} {cpu} | {ratio}")
+            cpu = (
+                f"{pa['cpu'] if pa else float('nan'):7.1f} {sl['cpu'] if sl else float('nan'):6.1f}"
+            )
+            rtext = f"{ratio:6.3f}" if ratio is not None else "   n/a"
+            print(f"{name:7} {proto:5} {c:3d} | {fmt(pa)} | {fmt(sl)} | {cpu} | {rtext}")
         print(
-            f"\n(-p {args.interval} -s {args.stability} -r {args.trials}; ratio = sluice perf / perf_analyzer "
-            f"throughput; machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f})"
+            f"\n(-p {args.interval} -s {args.stability} -r {args.trials}; medians of {args.rounds} "
+            f"rounds; {'server pinned to cpu 0, tools to the rest' if args.pin else 'not pinned'}; "
+            "ratio = median over rounds of sluice perf / perf_analyzer throughput; CPU% = % of one "
+            "core (perf_analyzer: whole process; sluice perf: its load workers); machine: {os.cpu_count()} cpus, "
+            f"load {os.getloadavg()[0]:.2f})"
         )
     finally:
         for s in servers:
