@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.zoo import copy_example, identity, sleep_model
+from tests.zoo import copy_example, fail_model, identity, sleep_model
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -30,6 +30,7 @@ def srv(module_server, module_repo: Path):  # type: ignore[no-untyped-def]
     sleep_model(module_repo, "sleep", ms=SLEEP_MS, count=N_INSTANCES, max_batch_size=0)
     identity(module_repo, "dyn", dims="[ -1 ]", max_batch_size=8)
     copy_example(module_repo, "add_sub")
+    fail_model(module_repo, "faulty")
     return module_server(module_repo)
 
 
@@ -262,3 +263,63 @@ def test_add_sub_grpc_batch_json_rows(srv, tmp_path: Path) -> None:  # type: ign
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Failed requests" not in r.stdout and "WARNING" not in r.stderr
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_large_tensor_crosses_flow_control(srv, proto: str) -> None:  # type: ignore[no-untyped-def]
+    # 1.6 MB per request: gRPC bodies go out in many DATA frames within the server's windows
+    r = perf(
+        "-m",
+        "dyn",
+        "-i",
+        proto,
+        "-u",
+        srv.grpc if proto == "grpc" else srv.http,
+        "--shape",
+        "INPUT0:400000",
+        "--concurrency-range",
+        "2",
+        "-p",
+        "400",
+        "-s",
+        "1000",
+        "-r",
+        "3",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Failed requests" not in r.stdout
+    thr = float(r.stdout.split("Throughput: ")[1].split()[0])
+    assert thr > 0
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_failed_requests_are_counted_with_the_servers_message(  # type: ignore[no-untyped-def]
+    srv, proto: str, tmp_path: Path
+) -> None:
+    # every other request gets the model's per-request error; the run finishes and says so
+    data = tmp_path / "mixed.json"
+    data.write_text(json.dumps({"data": [{"INPUT0": [1.0]}, {"INPUT0": [-1.0]}]}))
+    r = perf(
+        "-m",
+        "faulty",
+        "-i",
+        proto,
+        "-u",
+        srv.grpc if proto == "grpc" else srv.http,
+        "--input-data",
+        str(data),
+        "--concurrency-range",
+        "2",
+        "-p",
+        "300",
+        "-s",
+        "1000",
+        "-r",
+        "3",
+        "--no-progress",
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "Failed requests:" in r.stdout
+    assert "negative input not allowed" in out

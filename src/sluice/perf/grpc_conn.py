@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, cast
+from urllib.parse import unquote
 
 import hpack
 from hyperframe.frame import (
@@ -90,6 +91,17 @@ def request_headers(authority: str) -> bytes:
 def grpc_message(serialized: bytes) -> bytes:
     """Length-prefixed gRPC message (uncompressed)."""
     return struct.pack(">BI", 0, len(serialized)) + serialized
+
+
+def _status_name(raw: bytes) -> str:
+    """``b"3"`` -> ``INVALID_ARGUMENT (3)``, as grpcio names it."""
+    import grpc
+
+    text = raw.decode(errors="replace")
+    for code in grpc.StatusCode:
+        if str(code.value[0]) == text:
+            return f"{code.name} ({text})"
+    return f"status {text or 'missing'}"
 
 
 class GrpcConn(asyncio.Protocol):
@@ -309,8 +321,8 @@ class GrpcConn(asyncio.Protocol):
         elif call.status != b"200":
             self.w.error(f"HTTP/2 status {call.status.decode(errors='replace') or 'missing'}")
         elif call.grpc_status != b"0":
-            name = call.grpc_status.decode(errors="replace") or "missing"
-            self.w.error(f"gRPC status {name}: {call.message.decode(errors='replace')}")
+            code = _status_name(call.grpc_status)
+            self.w.error(f"gRPC {code}: {unquote(call.message.decode(errors='replace'))}")
         else:
             ok = 1
             if call.body is not None and not self.w.checked:
