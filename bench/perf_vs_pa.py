@@ -309,7 +309,8 @@ def main() -> int:
             f"\n(-p {args.interval} -s {args.stability} -r {args.trials}; medians of {args.rounds} "
             f"rounds; {'server pinned to cpu 0, tools to the rest' if args.pin else 'not pinned'}; "
             "ratio = median over rounds of sluice perf / perf_analyzer throughput; CPU% = % of one "
-            "core (perf_analyzer: whole process; sluice perf: its load workers); machine: {os.cpu_count()} cpus, "
+            "core (perf_analyzer: whole process; sluice perf: its load workers); "
+            f"machine: {os.cpu_count()} cpus, "
             f"load {os.getloadavg()[0]:.2f})"
         )
     finally:

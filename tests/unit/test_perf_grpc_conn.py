@@ -233,3 +233,26 @@ def test_large_bodies_respect_the_servers_window_and_frame_size() -> None:
     assert sorted(sent) == [1, 3, 5] and all(b == payload for b in sent.values())
     assert max(length for _, length in peer.data_frames) <= 16_384  # default max frame size
     assert peer.max_unacked == 20_000  # used the whole window, never more
+
+
+def test_header_cache_follows_the_servers_hpack_table() -> None:
+    # messages repeat (so blocks repeat) while the peer's encoder keeps inserting and, past its
+    # 4 KB table, evicting entries: every call must still read its own message
+    sent: list[str] = []
+
+    def vary(p: Peer, sid: int, body: bytes) -> None:
+        k = len(sent)
+        if k % 3 == 0:
+            sent.append("")
+            p.answer_ok(sid)
+            return
+        msg = f"bad input {k % 7} " + "x" * (k % 50)
+        sent.append(msg)
+        fields = [(b":status", b"200"), (b"grpc-status", b"3"), (b"grpc-message", msg.encode())]
+        p.write(p.headers(sid, fields, True))
+
+    owner, _, n = asyncio.run(drive(Peer(vary), 300))
+    assert n == 300
+    expected = [f"gRPC INVALID_ARGUMENT (3): {m}" for m in sent if m]
+    assert owner.errors == expected
+    assert [s[4] for s in owner.samples()] == [0 if m else 1 for m in sent]

@@ -50,6 +50,7 @@ _DEFAULT_WINDOW = 65_535
 _REFILL_AT = 2**30  # give the connection receive window back once this much arrived
 LATE_NS = 1_000_000  # a send this late after its scheduled time is counted as delayed
 _now = time.perf_counter_ns
+_pack_sid = struct.Struct(">I").pack_into  # stream id field of a frame header (R bit 0)
 
 
 class Owner(Protocol):
@@ -113,6 +114,8 @@ class GrpcConn(asyncio.Protocol):
         self.on_done: Callable[[GrpcConn], None] = lambda c: None
         self.tr: asyncio.Transport | None = None
         self.decoder = hpack.Decoder()
+        self.decoded: dict[bytes, list[Any]] = {}  # see _decode; (name, value) pairs
+        self.templates: dict[bytes, bytes] = {}  # message -> HEADERS + DATA frames
         self.next_id = 1
         self.calls: dict[int, _Call] = {}
         self.buf = bytearray()
@@ -171,22 +174,33 @@ class GrpcConn(asyncio.Protocol):
         self.next_id += 2
         self.calls[sid] = call
         n = len(message)
-        head = HeadersFrame(sid, self.block, flags=("END_HEADERS",)).serialize()
-        if (
-            not self.pending
-            and n <= self.max_frame
-            and n <= self.conn_window
-            and (n <= self.stream_window0)
-        ):
+        if not self.pending and n <= min(self.max_frame, self.conn_window, self.stream_window0):
+            # the usual case, one write: both frames from a per-message template with this
+            # call's stream id patched into the two frame headers
+            tmpl = self.templates.get(message)
+            if tmpl is None:
+                tmpl = self._template(message)
+            out = bytearray(tmpl)
+            _pack_sid(out, 5, sid)
+            _pack_sid(out, 14 + len(self.block), sid)
             self.conn_window -= n
             self.windows[sid] = self.stream_window0 - n
-            tr.write(head + DataFrame(sid, message, flags=("END_STREAM",)).serialize())
+            tr.write(out)
         else:
             self.windows[sid] = self.stream_window0
-            tr.write(head)
+            tr.write(HeadersFrame(sid, self.block, flags=("END_HEADERS",)).serialize())
             self.pending.append((sid, memoryview(message)))
             self._flush()
         call.send_ns = _now() - t0
+
+    def _template(self, message: bytes) -> bytes:
+        # serialized with stream id 1 (hyperframe refuses 0 for these frame types); ``send``
+        # overwrites it
+        head = HeadersFrame(1, self.block, flags=("END_HEADERS",)).serialize()
+        tmpl = head + DataFrame(1, message, flags=("END_STREAM",)).serialize()
+        if len(self.templates) < 256:
+            self.templates[message] = tmpl
+        return tmpl
 
     def _flush(self) -> None:
         """Send queued bodies as far as the server's windows allow, in order."""
@@ -252,7 +266,7 @@ class GrpcConn(asyncio.Protocol):
             if "END_HEADERS" in f.flags:
                 block = b"".join(self.hdr_frags)
                 self.hdr_frags = []
-                self._headers(self.hdr_stream, self.decoder.decode(block, raw=True))
+                self._headers(self.hdr_stream, self._decode(block))
                 if self.hdr_end:
                     self._end(self.hdr_stream)
         elif isinstance(f, WindowUpdateFrame):
@@ -280,6 +294,26 @@ class GrpcConn(asyncio.Protocol):
             self._fail_all(msg)
             self.close()
 
+    def _decode(self, block: bytes) -> list[Any]:
+        """HPACK-decode a header block. A server repeats the same blocks (indexed fields) on
+        every response; a block whose decoding left the dynamic table as it was decodes the
+        same way until the table changes, so it is cached, and any decode that changes the
+        table empties the cache."""
+        hit = self.decoded.get(block)
+        if hit is not None:
+            return hit
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        first, count, size = (entries[0] if entries else None), len(entries), table.maxsize
+        fields: list[Any] = list(self.decoder.decode(block, raw=True))
+        same = count == len(entries) and size == table.maxsize
+        if same and (entries[0] if entries else None) is first:
+            if len(self.decoded) < 64:
+                self.decoded[block] = fields
+        else:
+            self.decoded.clear()
+        return fields
+
     def _settings(self, s: dict[int, int]) -> None:
         if SettingsFrame.INITIAL_WINDOW_SIZE in s:
             delta = s[SettingsFrame.INITIAL_WINDOW_SIZE] - self.stream_window0
@@ -292,6 +326,7 @@ class GrpcConn(asyncio.Protocol):
             self.max_streams = max(1, s[SettingsFrame.MAX_CONCURRENT_STREAMS])
         if SettingsFrame.HEADER_TABLE_SIZE in s:
             self.decoder.header_table_size = s[SettingsFrame.HEADER_TABLE_SIZE]
+            self.decoded.clear()
         if self.pending:
             self._flush()
 
