@@ -203,6 +203,20 @@ def test_stream_reset_and_goaway_fail_calls_without_hanging() -> None:
     assert "GOAWAY" in owner.errors[0] and conn.closed
 
 
+def test_graceful_goaway_lets_taken_calls_finish() -> None:
+    # a server shutting down announces the last stream it took; those still answer
+    def drain(p: Peer, sid: int, body: bytes) -> None:
+        if sid == 3:
+            p.write(GoAwayFrame(0, last_stream_id=3, error_code=0))
+            p.answer_ok(1)
+            p.answer_ok(3)
+
+    owner, conn, n = asyncio.run(drive(Peer(drain), 3))
+    assert n == 3
+    assert [s[4] for s in owner.samples()] == [0, 1, 1]  # stream 5 refused, 1 and 3 answered
+    assert "GOAWAY" in owner.errors[0] and conn.closed and conn.inflight == 0
+
+
 def test_dropped_connection_fails_every_outstanding_call() -> None:
     def drop(p: Peer, sid: int, body: bytes) -> None:
         assert p.writer is not None
