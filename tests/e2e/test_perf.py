@@ -323,3 +323,32 @@ def test_failed_requests_are_counted_with_the_servers_message(  # type: ignore[n
     assert r.returncode == 0, out
     assert "Failed requests:" in r.stdout
     assert "negative input not allowed" in out
+
+
+def test_directory_input_data_over_http(srv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # perf_analyzer's directory form: one raw file per input, named after it
+    import numpy as np
+
+    d = tmp_path / "add_sub_data"
+    d.mkdir()
+    (d / "INPUT0").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    (d / "INPUT1").write_bytes(np.ones(4, dtype=np.float32).tobytes())
+    r = perf(
+        "-m",
+        "add_sub",
+        "-u",
+        srv.http,
+        "--input-data",
+        str(d),
+        "-b",
+        "2",
+        "-p",
+        "300",
+        "-s",
+        "1000",
+        "-r",
+        "3",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Failed requests" not in r.stdout and "Throughput:" in r.stdout

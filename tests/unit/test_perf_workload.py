@@ -95,3 +95,25 @@ def test_target_parse() -> None:
     assert Target.parse("http://h:9000/", "http").address == "h:9000"
     with pytest.raises(PerfError):
         Target.parse("nohost", "http")
+
+
+def test_directory_data_one_file_per_input(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "INPUT0").write_bytes(np.array([1, 2, 3, 4], dtype=np.float32).tobytes())
+    (d / "INPUT1").write_bytes(np.array([5, 6, 7, 8], dtype=np.float32).tobytes())
+    (step,) = build_inputs(ADD_SUB, InputOptions(batch_size=2, data=str(d)))
+    assert step["INPUT0"].shape == (2, 4) and step["INPUT0"][1].tolist() == [1, 2, 3, 4]
+    assert step["INPUT1"].dtype == np.float32 and step["INPUT1"][0].tolist() == [5, 6, 7, 8]
+
+    text = ModelInfo("t", "", 0, [InputSpec("TEXT", "BYTES", (-1,))], [])
+    (d / "TEXT").write_text("hello\nsluice\n")
+    (step,) = build_inputs(text, InputOptions(data=str(d)))
+    assert step["TEXT"].tolist() == [b"hello", b"sluice"]
+
+    (d / "INPUT1").write_bytes(b"\x00" * 10)  # 2.5 floats
+    with pytest.raises(PerfError, match=r"INPUT1: 10 bytes is not a whole number of FP32"):
+        build_inputs(ADD_SUB, InputOptions(data=str(d)))
+    (d / "INPUT1").unlink()
+    with pytest.raises(PerfError, match=r"no data file for input 'INPUT1'"):
+        build_inputs(ADD_SUB, InputOptions(data=str(d)))

@@ -65,7 +65,7 @@ def add_perf_flags(p: argparse.ArgumentParser) -> None:
         "--input-data",
         action="append",
         default=[],
-        help="zero, random (default) or a JSON data file",
+        help="zero, random (default), a JSON data file or a directory of one file per input",
     )
     p.add_argument("--shape", type=_shape, action="append", default=[], metavar="NAME:D1,D2")
     p.add_argument("--string-length", type=int, default=128)

@@ -290,6 +290,34 @@ def _load_json_steps(
     return steps
 
 
+def _load_dir_step(path: Path, model: ModelInfo, opts: InputOptions) -> dict[str, np.ndarray]:
+    """perf_analyzer's directory form: one file per input, named after it; raw little-endian
+    tensor bytes, or for BYTES inputs one element per line."""
+    step = {}
+    for spec in model.inputs:
+        f = path / spec.name
+        try:
+            raw = f.read_bytes()
+        except OSError as e:
+            raise PerfError(
+                f"--input-data {path}: no data file for input '{spec.name}' ({e.strerror})"
+            ) from None
+        if spec.datatype == "BYTES":
+            values: list[Any] = raw.decode(errors="replace").splitlines()
+        else:
+            dt = KSERVE_TO_NUMPY.get(spec.datatype)
+            if dt is None:
+                raise PerfError(f"input '{spec.name}': unsupported datatype {spec.datatype}")
+            if len(raw) % dt.itemsize:
+                raise PerfError(
+                    f"--input-data {f}: {len(raw)} bytes is not a whole number of "
+                    f"{spec.datatype} elements ({dt.itemsize} bytes each)"
+                )
+            values = np.frombuffer(raw, dtype=dt).tolist()
+        step[spec.name] = _json_value(spec, values, opts)
+    return step
+
+
 def build_inputs(model: ModelInfo, opts: InputOptions) -> list[dict[str, np.ndarray]]:
     """One dict of full request tensors (batch dimension included) per payload."""
     b = opts.batch_size
@@ -317,7 +345,11 @@ def build_inputs(model: ModelInfo, opts: InputOptions) -> list[dict[str, np.ndar
             step[spec.name] = np.stack([one] * b) if batched else one
         return [step]
 
-    entries = _load_json_steps(Path(opts.data), model, opts)
+    src = Path(opts.data)
+    if src.is_dir():
+        entries = [_load_dir_step(src, model, opts)]
+    else:
+        entries = _load_json_steps(src, model, opts)
     if not batched:
         return entries
     # each entry is one batch element; a request takes b consecutive entries (round-robin)
