@@ -270,3 +270,43 @@ def test_header_cache_follows_the_servers_hpack_table() -> None:
     expected = [f"gRPC INVALID_ARGUMENT (3): {m}" for m in sent if m]
     assert owner.errors == expected
     assert [s[4] for s in owner.samples()] == [0 if m else 1 for m in sent]
+
+
+def test_worker_closed_loop_reconnects_after_drops() -> None:
+    # a load-generator process keeps N calls going through connection drops: the calls in
+    # flight fail, a new connection carries on, and the level still stops promptly
+    import multiprocessing as mp
+
+    from sluice.perf.worker import WorkerConfig, _Worker
+
+    served = 0
+
+    def flaky(p: Peer, sid: int, body: bytes) -> None:
+        nonlocal served
+        served += 1
+        if served % 25 == 0:
+            assert p.writer is not None
+            p.writer.transport.abort()
+        else:
+            p.answer_ok(sid)
+
+    async def run() -> tuple[list[int], int]:
+        server = await asyncio.start_server(lambda r, w: Peer(flaky).serve(r, w), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        ours, theirs = mp.Pipe()
+        cfg = WorkerConfig("grpc", "127.0.0.1", port, (b"\x0a\x01m",))
+        w = _Worker(cfg, ours)
+        await w.handle(("closed", 4))
+        await asyncio.sleep(1.0)
+        reply = await asyncio.wait_for(w.handle(("flush",)), 5)
+        await asyncio.wait_for(w.handle(("idle",)), 5)
+        server.close()
+        theirs.close()
+        ok = list(array("q", reply[1])[4::6])
+        return ok, w.inflight
+
+    ok, inflight = asyncio.run(run())
+    assert ok.count(0) >= 2 and ok.count(1) >= 50  # several drops, work went on after each
+    first_fail = ok.index(0)
+    assert 1 in ok[first_fail + 1 :]
+    assert inflight == 0
