@@ -34,15 +34,15 @@ import csv
 import os
 import resource
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from servers import Server, free_port
+from servers import start_sluice as start_sluice_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = Path(os.environ.get("PEERS_DIR", "/tmp/peers"))
@@ -53,56 +53,6 @@ PIN_TOOL: list[str] = []
 TRITON_REPO = ROOT.parent / "shared" / "bench-peers" / "models" / "triton"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(
-        self, name: str, cmd: list[str], http: int, grpc: int, log: Path, cwd: Path
-    ) -> None:
-        self.name, self.http, self.grpc = name, http, grpc
-        self.log = log.open("wb")
-        self.proc = subprocess.Popen(
-            [*PIN_SERVER, *cmd],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, model: str, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
-            try:
-                url = f"http://127.0.0.1:{self.http}/v2/models/{model}/ready"
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"{self.name} not ready after {timeout}s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        try:  # children left in its process group (python-backend stubs)
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        self.log.close()
-
-
 def start_sluice(work: Path, batching: bool) -> Server:
     repo = ROOT / "examples/model_repo"
     if not batching:  # the same add_sub, one request per execution
@@ -110,21 +60,7 @@ def start_sluice(work: Path, batching: bool) -> Server:
         shutil.copytree(ROOT / "examples/model_repo/add_sub", repo / "add_sub")
         cfg = repo / "add_sub" / "config.pbtxt"
         cfg.write_text(cfg.read_text().replace("dynamic_batching { }", ""))
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "sluice",
-        "serve",
-        f"--model-repository={repo}",
-        f"--http-port={http}",
-        f"--grpc-port={grpc}",
-        f"--metrics-port={metrics}",
-        "--http-address=127.0.0.1",
-        "--grpc-address=127.0.0.1",
-        "--metrics-address=127.0.0.1",
-    ]
-    return Server("sluice", cmd, http, grpc, work / "sluice.log", work)
+    return start_sluice_server(repo, work / "sluice.log", prefix=PIN_SERVER, cwd=work)
 
 
 def start_triton(work: Path) -> Server:
@@ -146,7 +82,7 @@ def start_triton(work: Path) -> Server:
         "--cuda-memory-pool-byte-size=0:0",
         "--exit-timeout-secs=10",
     ]
-    env_cmd = ["env", "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", *cmd]
+    env_cmd = [*PIN_SERVER, "env", "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", *cmd]
     return Server("triton", env_cmd, http, grpc, work / "triton.log", work)
 
 
@@ -267,7 +203,7 @@ def main() -> int:
         if args.triton:
             servers.append(start_triton(work))
         for s in servers:
-            s.wait_ready("add_sub")
+            s.wait_ready("/v2/models/add_sub/ready")
         rows = []
         n = 0
         for s in servers:

@@ -18,26 +18,19 @@ import argparse
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
+from servers import start_sluice
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "model_repo" / "resnet50"
 PERF = os.environ.get("PERF_ANALYZER", "/tmp/peers/bin/perf_analyzer")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def in_process(model: Path, seconds: float) -> dict[int, float]:
@@ -57,21 +50,6 @@ def in_process(model: Path, seconds: float) -> dict[int, float]:
         out[batch] = n / (time.perf_counter() - t0)
         print(f"in-process batch {batch}: {out[batch]:.1f} img/s", flush=True)
     return out
-
-
-def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"sluice exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("sluice not ready in time")
 
 
 def perf(grpc_port: int, concurrency: int, window_ms: int) -> float | None:
@@ -130,41 +108,21 @@ def main() -> int:
     (tmp / "resnet50" / "1").mkdir(parents=True)
     shutil.copy(EXAMPLE / "config.pbtxt", tmp / "resnet50" / "config.pbtxt")
     (tmp / "resnet50" / "1" / "model.onnx").symlink_to(model)
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    log = open(tmp / "server.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sluice",
-            "serve",
-            f"--model-repository={tmp}",
-            "--model-control-mode=explicit",
-            "--load-model=resnet50",
-            f"--http-port={http}",
-            f"--grpc-port={grpc}",
-            f"--metrics-port={metrics}",
-            "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    srv = start_sluice(
+        tmp, tmp / "server.log", "--model-control-mode=explicit", "--load-model=resnet50"
     )
     results: dict[int, float] = {}
     try:
-        wait_ready(http, proc)
+        try:
+            srv.wait_ready(timeout=120)
+        except (RuntimeError, TimeoutError) as e:
+            raise SystemExit(f"sluice did not start: {e}") from None
         for c in (int(x) for x in args.concurrency.split(",")):
-            thr = perf(grpc, c, args.window_ms)
+            thr = perf(srv.grpc, c, args.window_ms)
             if thr is not None:
                 results[c] = thr
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     # the machine is shared: measure the ceiling again after the server ran, keep the best
     for batch, thr in in_process(model, args.seconds).items():

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from servers import start_sluice
 
 ROOT = Path(__file__).resolve().parent.parent
 ONNX = ROOT / "examples" / "model_repo" / "resnet50" / "1" / "model.onnx"
@@ -63,12 +62,6 @@ def build_plan(onnx_path: Path, plan_path: Path, max_batch: int, fp16: bool) -> 
     print(f"built {plan_path} in {time.monotonic() - t0:.0f}s (TensorRT {trt.__version__})")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-batch", type=int, default=8)
@@ -89,33 +82,13 @@ def main() -> int:
     repo = Path(tempfile.mkdtemp(prefix="sluice-trt-"))
     build_plan(ONNX, repo / "resnet50_trt" / "1" / "model.plan", args.max_batch, args.fp16)
     (repo / "resnet50_trt" / "config.pbtxt").write_text(CONFIG.format(max_batch=args.max_batch))
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sluice",
-            "serve",
-            f"--model-repository={repo}",
-            f"--http-port={http}",
-            f"--grpc-port={grpc}",
-            f"--metrics-port={metrics}",
-            "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1",
-        ],
-        start_new_session=True,
-    )
+    srv = start_sluice(repo, repo / "server.log")
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return 1
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready") as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
+        try:
+            srv.wait_ready(timeout=300)
+        except (RuntimeError, TimeoutError) as e:
+            print(f"sluice did not start: {e} (log: {repo / 'server.log'})")
+            return 1
         subprocess.run(
             [
                 PERF,
@@ -124,7 +97,7 @@ def main() -> int:
                 "-i",
                 "grpc",
                 "-u",
-                f"127.0.0.1:{grpc}",
+                f"127.0.0.1:{srv.grpc}",
                 "--concurrency-range",
                 args.concurrency,
                 "--input-data",
@@ -136,11 +109,7 @@ def main() -> int:
             check=False,
         )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        srv.stop()
     return 0
 
 

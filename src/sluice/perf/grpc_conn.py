@@ -309,17 +309,23 @@ class GrpcConn(asyncio.Protocol):
         hit = self.decoded.get(block)
         if hit is not None:
             return hit
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        first, count, size = (entries[0] if entries else None), len(entries), table.maxsize
+        before = self._table_mark()
         fields: list[Any] = list(self.decoder.decode(block, raw=True))
-        same = count == len(entries) and size == table.maxsize
-        if same and (entries[0] if entries else None) is first:
+        after = self._table_mark()
+        # the newest entry compared by identity: an equal entry inserted while an older one was
+        # evicted renumbers the table without changing its length or its first entry's value
+        if before[:2] == after[:2] and before[2] is after[2]:
             if len(self.decoded) < 64:
                 self.decoded[block] = fields
         else:
             self.decoded.clear()
         return fields
+
+    def _table_mark(self) -> tuple[int, int, object]:
+        """(entry count, size limit, newest entry) of the HPACK decoder's dynamic table."""
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        return len(entries), table.maxsize, entries[0] if entries else None
 
     def _settings(self, s: dict[int, int]) -> None:
         if SettingsFrame.INITIAL_WINDOW_SIZE in s:

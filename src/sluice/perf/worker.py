@@ -130,14 +130,19 @@ class _Worker:
     def grpc_done(self, c: GrpcConn) -> None:
         """After each gRPC call: closed loop sends the next one; open loop just counts."""
         if self.running and self.mode == "closed":
-            if c.closed:
-                self.loop.create_task(self.grpc_send(_now(), 0))
-            else:
-                c.send(self.next_payload(), _now(), 0)
+            self.grpc_start(_now(), 0)
             return
         self.inflight -= 1
         if not self.inflight and not self.running:
             self.done.set()
+
+    def grpc_start(self, start: int, open_loop: int) -> None:
+        """One call on the open connection, or once a new one is up."""
+        g = self.gconn
+        if g is not None and not g.closed:
+            g.send(self.next_payload(), start, open_loop)
+        else:
+            self.loop.create_task(self.grpc_send(start, open_loop))
 
     async def grpc_send(self, start: int, open_loop: int) -> None:
         try:
@@ -203,11 +208,7 @@ class _Worker:
     def dispatch(self, due: int) -> None:
         self.inflight += 1
         if self.grpc:
-            g = self.gconn
-            if g is not None and not g.closed:
-                g.send(self.next_payload(), due, 1)
-            else:
-                self.loop.create_task(self.grpc_send(due, 1))
+            self.grpc_start(due, 1)
         elif self.idle:
             c = self.idle.pop()
             c.send(self.next_payload(), due, 1)

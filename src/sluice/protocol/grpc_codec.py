@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidArgument, Unsupported
 from ..types import InferRequest, InferResponse, OutputSpec
 from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
-from .http_codec import deserialize_bytes_tensor, serialize_bytes_tensor
+from .http_codec import as_wire_dtype, deserialize_bytes_tensor, serialize_bytes_tensor
 
 __all__ = [
     "decode_infer_request",
@@ -197,12 +197,8 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
 def _raw(datatype: str, arr: np.ndarray) -> bytes:
     if datatype == "BYTES":
         return serialize_bytes_tensor(arr)
-    want = KSERVE_TO_NUMPY.get(datatype)
-    if want is None:
-        raise InvalidArgument(f"unknown datatype {datatype!r}")
-    if arr.dtype != want:
-        arr = arr.astype(want)
-    return arr.tobytes()  # protobuf bytes fields take bytes only: one copy
+    # protobuf bytes fields take bytes only: one copy
+    return as_wire_dtype(datatype, arr).tobytes()
 
 
 # --------------------------------------------------------------------------- infer response

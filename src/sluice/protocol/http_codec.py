@@ -42,6 +42,7 @@ __all__ = [
     "encode_infer_request",
     "decode_infer_response",
     "serialize_bytes_tensor",
+    "as_wire_dtype",
     "deserialize_bytes_tensor",
     "output_is_binary",
 ]
@@ -440,14 +441,18 @@ def encode_infer_response(
     ]
 
 
-def _binary(datatype: str, arr: np.ndarray) -> bytes | memoryview:
-    if datatype == "BYTES":
-        return serialize_bytes_tensor(arr)
+def as_wire_dtype(datatype: str, arr: np.ndarray) -> np.ndarray:
+    """A non-BYTES output tensor in its KServe datatype's numpy dtype (cast only if needed)."""
     want = _DTYPE_OF.get(datatype)
     if want is None:
         raise InvalidArgument(f"unknown datatype {datatype!r}")
-    if arr.dtype != want:
-        arr = arr.astype(want)
+    return arr if arr.dtype == want else arr.astype(want)
+
+
+def _binary(datatype: str, arr: np.ndarray) -> bytes | memoryview:
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(arr)
+    arr = as_wire_dtype(datatype, arr)
     if arr.nbytes <= _SMALL or not arr.flags.c_contiguous:
         return arr.tobytes()  # cheaper than a memoryview for small tensors; copies otherwise
     return arr.data.cast("B")

@@ -1,0 +1,97 @@
+"""Servers under benchmark: free loopback ports, a server process in its own session that is
+stopped by its PID, and the ``sluice serve`` command line the bench scripts share.
+
+Imported by the scripts in this folder (``python bench/<script>.py`` puts it on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One server process (its own session, output to ``log``), with its HTTP and gRPC ports."""
+
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        http: int,
+        grpc: int,
+        log: Path,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name, self.http, self.grpc = name, http, grpc
+        self.log = log.open("wb")
+        self.proc = subprocess.Popen(
+            list(cmd), stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+        )
+
+    def wait_ready(self, path: str = "/v2/health/ready", timeout: float = 180) -> None:
+        """Until ``GET path`` answers 200; raises if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+            try:
+                url = f"http://127.0.0.1:{self.http}{path}"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{self.name} not ready after {timeout}s")
+
+    def stop(self) -> None:
+        """SIGTERM by PID, SIGKILL to its group after 30 s; then whatever its group left."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        try:  # children left in its process group (python-backend stubs)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+def start_sluice(
+    repo: Path, log: Path, *extra: str, prefix: Sequence[str] = (), cwd: Path | None = None
+) -> Server:
+    """``sluice serve`` on ``repo``, all three endpoints on free loopback ports; ``prefix`` goes
+    before the command (``taskset -c 0``), ``extra`` after it (``--load-model=...``)."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    cmd = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "sluice",
+        "serve",
+        f"--model-repository={repo}",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        *extra,
+    ]
+    return Server("sluice", cmd, http, grpc, log, cwd)
