@@ -31,6 +31,7 @@ def srv(module_server, module_repo: Path):  # type: ignore[no-untyped-def]
     identity(module_repo, "dyn", dims="[ -1 ]", max_batch_size=8)
     copy_example(module_repo, "add_sub")
     fail_model(module_repo, "faulty")
+    copy_example(module_repo, "text_upper")
     return module_server(module_repo)
 
 
@@ -342,6 +343,58 @@ def test_directory_input_data_over_http(srv, tmp_path: Path) -> None:  # type: i
         str(d),
         "-b",
         "2",
+        "-p",
+        "300",
+        "-s",
+        "1000",
+        "-r",
+        "3",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Failed requests" not in r.stdout and "Throughput:" in r.stdout
+
+
+def test_binary_search_for_the_latency_threshold(srv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # 2 instances x 40 ms: average latency is ~c x 20 ms from c=2 on (c=3: 60, c=4: 80), so with
+    # -l 70 the search measures the ends, then 4 (over), 2 and 3 (within) and stops there
+    out = tmp_path / "bs.csv"
+    r = perf(
+        "-m",
+        "sleep",
+        "-x",
+        "1",
+        "-i",
+        "grpc",
+        "-u",
+        srv.grpc,
+        "--async",
+        "--concurrency-range",
+        "1:8",
+        "--binary-search",
+        "-l",
+        "70",
+        *FAST,
+        "-f",
+        str(out),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(int(row["Concurrency"]) for row in read_csv(out)) == [1, 2, 3, 4, 8]
+    assert "Using asynchronous calls for inference" in r.stdout
+
+
+def test_bytes_input_with_string_length(srv) -> None:  # type: ignore[no-untyped-def]
+    r = perf(
+        "-m",
+        "text_upper",
+        "-u",
+        srv.http,
+        "--shape",
+        "INPUT0:3",
+        "--string-length",
+        "16",
+        "--input-data",
+        "random",
         "-p",
         "300",
         "-s",
