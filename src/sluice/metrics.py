@@ -10,22 +10,49 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import psutil
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .repository.manager import ModelManager
 from .stats import BUCKETS_US, Histogram, ModelStats
 
-__all__ = ["TritonCollector", "build_registry"]
+__all__ = ["TritonCollector", "build_registry", "COUNTER_FAMILIES", "exposition"]
 
 _LABELS = ["model", "version"]
 
+# Triton's counters, named without "_total". prometheus_client has no supported way to
+# declare such a family "counter" (its text exposition renames a counter to "<name>_total",
+# and the samples would then not match the family), so the collector yields them as
+# "unknown" and ``exposition`` declares them "counter", as Triton does (text format 0.0.4
+# allows any counter name).
+COUNTER_FAMILIES = (
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_exec_count",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+_TYPE_FIXES = tuple(
+    (f"# TYPE {n} untyped\n".encode(), f"# TYPE {n} counter\n".encode()) for n in COUNTER_FAMILIES
+)
+
 
 def _counter(name: str, doc: str) -> Metric:
-    # Triton's counters are exposed without the "_total" suffix. prometheus_client renames a
-    # "counter" family to "<name>_total" in the HELP/TYPE lines, which would no longer match
-    # the sample names; "unknown" keeps the family and sample names identical (TYPE untyped).
+    assert name in COUNTER_FAMILIES, name
     return Metric(name, doc, "unknown")
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The registry in the Prometheus text format 0.0.4, Triton's counters typed "counter"."""
+    text = generate_latest(registry)
+    for untyped, counter in _TYPE_FIXES:
+        text = text.replace(untyped, counter, 1)
+    return text
 
 
 class TritonCollector(Collector):

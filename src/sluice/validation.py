@@ -20,15 +20,29 @@ def _shape_str(dims: Any) -> str:
     return "[" + ",".join(str(int(d)) for d in dims) + "]"
 
 
+def _unexpected_input(in_name: str, req: InferRequest, sv: ServingVersion) -> InvalidArgument:
+    """Triton's phrase first (clients match on it), then what the model expects and lacks."""
+    missing = sorted(sv.required_inputs.difference(req.inputs))
+    lacking = f"; missing required input(s) {missing}" if missing else ""
+    return InvalidArgument(
+        f"unexpected inference input '{in_name}' for model '{sv.spec.name}'; expected inputs: "
+        f"{sorted(sv.inputs)}{lacking}"
+    )
+
+
 def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any, ...]]:
     name = sv.spec.name
     inputs = req.inputs
     expected = sv.inputs
     if len(inputs) < len(sv.required_inputs) or not sv.required_inputs.issubset(inputs):
+        for in_name in inputs:
+            if in_name not in expected:
+                raise _unexpected_input(in_name, req, sv)
         missing = sorted(sv.required_inputs.difference(inputs))
         raise InvalidArgument(
             f"expected {len(sv.required_inputs)} inputs but got {len(inputs)} inputs for model "
-            f"'{name}'; missing required input(s) {missing}"
+            f"'{name}'. Got input(s) {sorted(inputs)}, but missing required input(s) "
+            f"{missing}. Please provide all required input(s)."
         )
     batching = sv.max_batch_size > 0
     batch = 1
@@ -37,10 +51,7 @@ def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any
     for in_name, arr in inputs.items():
         info = expected.get(in_name)
         if info is None:
-            raise InvalidArgument(
-                f"unexpected inference input '{in_name}' for model '{name}'; expected inputs: "
-                f"{sorted(expected)}"
-            )
+            raise _unexpected_input(in_name, req, sv)
         wire = req.input_datatypes.get(in_name)
         if wire is not None and wire != info.datatype:
             raise InvalidArgument(

@@ -163,7 +163,7 @@ def test_metrics_equal_statistics_and_carry_triton_names(batch_server):
         r'nv_inference_request_duration_histogram_us_bucket\{le="\+Inf",model="unbatched",version="1"\}',
         text,
     )
-    assert "# TYPE nv_inference_request_success untyped" in text
+    assert "# TYPE nv_inference_request_success counter" in text
 
 
 def test_instance_count_runs_concurrently(tmp_path: Path, start_server):

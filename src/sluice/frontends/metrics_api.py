@@ -1,16 +1,37 @@
-"""The metrics port: ``GET /metrics`` in Prometheus text format (prometheus_client)."""
+"""The metrics port: ``GET /metrics`` in the Prometheus text format 0.0.4, as Triton serves it
+(its counters typed ``counter`` under their own names; see ``metrics.exposition``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import make_asgi_app
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..metrics import build_registry
+from ..metrics import build_registry, exposition
 from ..repository.manager import ModelManager
 
 __all__ = ["metrics_app"]
 
+_Send = Callable[[dict[str, Any]], Awaitable[None]]
+
 
 def metrics_app(manager: ModelManager, cpu_metrics: bool = True) -> Any:
-    return make_asgi_app(registry=build_registry(manager, cpu_metrics))
+    registry = build_registry(manager, cpu_metrics)
+    text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
+
+    async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:
+        if scope["type"] != "http":  # lifespan: nothing to set up
+            return
+        if scope["path"] != "/metrics":
+            status, headers, body = 404, [(b"content-type", b"text/plain")], b"Not Found\n"
+        elif scope["method"] not in ("GET", "HEAD"):
+            status, headers, body = 405, [(b"allow", b"GET, HEAD")], b""
+        else:
+            status, headers, body = 200, text_headers, exposition(registry)
+            if scope["method"] == "HEAD":
+                body = b""
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app

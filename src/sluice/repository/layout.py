@@ -22,6 +22,7 @@ from ..errors import InvalidArgument, NotFound
 __all__ = [
     "check_model_name",
     "find_model_dir",
+    "find_model_dir_or_none",
     "list_models",
     "list_versions",
     "select_versions",
@@ -74,12 +75,19 @@ def list_models(repositories: tuple[Path, ...]) -> dict[str, Path]:
     return found
 
 
-def find_model_dir(repositories: tuple[Path, ...], name: str) -> Path:
+def find_model_dir_or_none(repositories: tuple[Path, ...], name: str) -> Path | None:
     check_model_name(name)
     for repo in repositories:
         candidate = repo / name  # name is a plain directory name: candidate is inside repo
         if candidate.is_dir():
             return candidate
+    return None
+
+
+def find_model_dir(repositories: tuple[Path, ...], name: str) -> Path:
+    found = find_model_dir_or_none(repositories, name)
+    if found is not None:
+        return found
     raise NotFound(f"failed to load '{name}': model directory not found in any model repository")
 
 

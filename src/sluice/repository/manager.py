@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import hashlib
 import logging
 import os
 import shutil
@@ -53,6 +55,38 @@ log = logging.getLogger("sluice.manager")
 
 def _has_gpu() -> bool:
     return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+
+
+def _file_bytes(name: str, key: str, value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(
+            f"failed to load '{name}': parameter '{key}' is not valid base64"
+        ) from None
+
+
+def _override_key(config_json: str | None, files: dict[str, bytes]) -> tuple[object, ...] | None:
+    """What makes two overrides the same: the config as a message (not its spelling) and
+    the files' contents."""
+    if config_json is None:
+        return None
+    try:
+        config = parse_config_json(config_json).SerializeToString(deterministic=True)
+    except ServerError:
+        config = config_json.encode()  # fails the load later, with the parse error
+    digests = tuple(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items()))
+    return (config, digests)
+
+
+def _changed_paths(
+    old: tuple[tuple[str, int, int], ...], new: tuple[tuple[str, int, int], ...]
+) -> list[str]:
+    before = {path: rest for path, *rest in old}
+    after = {path: rest for path, *rest in new}
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
 
 
 class ModelManager:
@@ -131,7 +165,11 @@ class ModelManager:
 
     # ----------------------------------------------------------------- index
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        names = set(layout.list_models(self.repositories)) | set(self.records)
+        """Every model in the repositories, plus models still loaded (or loading) whose
+        directory is gone or that came from file overrides, as Triton lists them. A failed
+        load of a name that is in no repository leaves nothing here."""
+        names = set(layout.list_models(self.repositories))
+        names.update(name for name, rec in self.records.items() if rec.present)
         out: list[dict[str, str]] = []
         for name in sorted(names):
             rec = self.records.get(name)
@@ -150,6 +188,18 @@ class ModelManager:
                     entry["reason"] = reason
                 out.append(entry)
         return out
+
+    def _forget_if_unknown(self, rec: ModelRecord) -> None:
+        """Drop the record of a name that serves nothing and is in no repository, so that
+        loads of made-up names cannot grow the index or the server's memory."""
+        if (
+            self.records.get(rec.name) is rec
+            and not rec.present
+            and not rec.dependents
+            and rec.name not in self._ensembles
+            and layout.find_model_dir_or_none(self.repositories, rec.name) is None
+        ):
+            del self.records[rec.name]
 
     # ------------------------------------------------------------------ start
     async def startup(self) -> list[str]:
@@ -190,48 +240,101 @@ class ModelManager:
 
     # ------------------------------------------------------------------- load
     async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Load ``name``, or reload it if its files or the override changed since it was
+        loaded. A load of a serving model whose directory and override are unchanged does
+        nothing (as Triton): a plain load keeps an override given earlier in force."""
         layout.check_model_name(name)
         params = parameters or {}
+        unknown = sorted(k for k in params if k != "config" and not k.startswith("file:"))
+        if unknown:
+            raise InvalidArgument(
+                f"failed to load '{name}': unknown load parameter(s) {unknown}; accepted: "
+                "'config' (a JSON model configuration) and 'file:<path>' (file contents)"
+            )
         config_json = params.get("config")
-        files = {k[5:]: v for k, v in params.items() if k.startswith("file:")}
+        files = {k[5:]: _file_bytes(name, k, v) for k, v in params.items() if k.startswith("file:")}
         if files and not config_json:
             raise InvalidArgument(
                 f"failed to load '{name}': file override parameters ('file:...') require the "
                 "'config' parameter"
             )
-        unknown = [k for k in params if k != "config" and not k.startswith("file:")]
-        if unknown:
-            log.warning("load '%s': ignoring unknown parameter(s) %s", name, unknown)
-        rec = self.record(name)
-        async with rec.lock:
-            try:
-                model_dir = (
-                    self._write_override(name, files)
-                    if files
-                    else layout.find_model_dir(self.repositories, name)
-                )
-                await self._load_locked(rec, model_dir, config_json)
-            except ServerError as exc:
-                if not rec.serving and not any(
-                    state == UNAVAILABLE and reason == str(exc)
-                    for state, reason in rec.states.values()
-                ):
-                    # failed before any version was tried (config, files): the model as a whole
-                    rec.states = {v: st for v, st in rec.states.items() if v in rec.serving}
-                    rec.states[-1] = (UNAVAILABLE, str(exc))
-                raise
+        if config_json is not None and not isinstance(config_json, str):
+            raise InvalidArgument(
+                f"failed to load '{name}': the 'config' parameter must be a string holding a "
+                "JSON model configuration"
+            )
+        override = _override_key(config_json, files)
+        while True:
+            rec = self.record(name)
+            async with rec.lock:
+                if self.records.get(name) is not rec:
+                    continue  # forgotten while we waited for its lock: start again
+                try:
+                    await self._load_if_changed(rec, config_json, files, override)
+                except NotFound:
+                    self._forget_if_unknown(rec)
+                    raise
+                break
         rec.required = True
 
-    def _write_override(self, name: str, files: dict[str, Any]) -> Path:
+    async def _load_if_changed(
+        self,
+        rec: ModelRecord,
+        config_json: str | None,
+        files: dict[str, bytes],
+        override: tuple[object, ...] | None,
+    ) -> None:
+        name = rec.name
+        repo_dir = layout.find_model_dir_or_none(self.repositories, name)
+        if repo_dir is None and not files:
+            layout.find_model_dir(self.repositories, name)  # raises Triton's NotFound
+        signature = self._signature(repo_dir) if repo_dir is not None else ()
+        why = "first load"
+        if rec.serving and rec.loaded is not None:
+            loaded_signature, loaded_override = rec.loaded
+            changed = _changed_paths(loaded_signature, signature)
+            if not changed and (override is None or override == loaded_override):
+                rec.signature = signature
+                log.info(
+                    "load '%s': nothing changed since it was loaded (files%s); not reloaded, "
+                    "version(s) %s keep serving",
+                    name,
+                    ", override" if loaded_override is not None else "",
+                    sorted(rec.serving),
+                )
+                return
+            if changed:
+                why = "changed: " + ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+                if override is None and loaded_override is not None:
+                    why += "; the earlier 'config' override is dropped (loading the files)"
+            else:
+                why = "new override"
+        elif override is not None:
+            why = "override"
+        rec.signature = signature
+        try:
+            model_dir = self._write_override(name, files) if files else repo_dir
+            assert model_dir is not None
+            await self._load_locked(rec, model_dir, config_json, why)
+        except ServerError as exc:
+            if not rec.serving and not any(
+                state == UNAVAILABLE and reason == str(exc) for state, reason in rec.states.values()
+            ):
+                # failed before any version was tried (config, files): the model as a whole
+                rec.states = {v: st for v, st in rec.states.items() if v in rec.serving}
+                rec.states[-1] = (UNAVAILABLE, str(exc))
+            raise
+        rec.loaded = (signature, override)
+
+    def _write_override(self, name: str, files: dict[str, bytes]) -> Path:
         root = Path(tempfile.mkdtemp(prefix="sluice-override-"))
         model_dir = root / name
         model_dir.mkdir()
-        for rel, content in files.items():
+        for rel, data in files.items():
             parts = Path(rel).parts
             if not parts or any(p in ("", ".", "..") for p in parts) or Path(rel).is_absolute():
                 shutil.rmtree(root, ignore_errors=True)
                 raise InvalidArgument(f"invalid file override path 'file:{rel}' for model '{name}'")
-            data = content if isinstance(content, bytes) else base64.b64decode(str(content))
             target = model_dir.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
@@ -246,16 +349,21 @@ class ModelManager:
     ) -> mc.ModelConfig:
         source = str(model_dir / "config.pbtxt")
         if config_json:
+            source = "the 'config' parameter of the load"
             config = parse_config_json(config_json)
-            source = "'config' parameter"
         else:
             config, _present = read_config(model_dir)
-        config = normalise(config, model_dir, versions)
-        validate(config, source)
+        config = normalise(config, model_dir, versions, source)
+        self._warn(config.name or model_dir.name, validate(config, source))
         return config
 
+    @staticmethod
+    def _warn(name: str, warnings: list[str]) -> None:
+        for text in warnings:
+            log.warning("model '%s': %s", name, text)
+
     async def _load_locked(
-        self, rec: ModelRecord, model_dir: Path, config_json: str | None
+        self, rec: ModelRecord, model_dir: Path, config_json: str | None, why: str
     ) -> None:
         name = rec.name
         t0 = time.monotonic()
@@ -292,7 +400,7 @@ class ModelManager:
             config = await asyncio.get_running_loop().run_in_executor(
                 None, backend.auto_complete, probe
             )
-            validate(config, str(model_dir / "config.pbtxt"))
+            validate(config, f"{model_dir / 'config.pbtxt'} (after auto-complete)")
         self._check_devices(name, config)
         for v in selected:
             if v not in rec.serving:
@@ -366,7 +474,14 @@ class ModelManager:
         for sv in retiring:
             if sv.spec.version not in new:
                 rec.states[sv.spec.version] = (UNAVAILABLE, "unloaded")
-        log.info("loaded '%s' version(s) %s in %.2fs", name, sorted(new), load_secs)
+        log.info(
+            "%s '%s' version(s) %s in %.2fs (%s)",
+            "reloaded" if retiring else "loaded",
+            name,
+            sorted(new),
+            load_secs,
+            why,
+        )
 
     # -------------------------------------------------------------- ensembles
     async def _ensure_loaded(self, ensemble: str, models: list[str]) -> None:
@@ -438,6 +553,7 @@ class ModelManager:
         async with rec.lock:
             old = list(rec.serving.values())
             rec.set_serving({})
+            rec.loaded = None
             for sv in old:
                 rec.states[sv.spec.version] = (UNLOADING, "")
             rec.required = False
@@ -478,37 +594,45 @@ class ModelManager:
         return drained
 
     # ------------------------------------------------------------------- poll
-    def _signature(self, model_dir: Path) -> tuple[object, ...]:
-        sig: list[object] = []
-        try:
-            for entry in sorted(os.scandir(model_dir), key=lambda e: e.name):
-                st = entry.stat()
-                sig.append((entry.name, st.st_mtime_ns, st.st_size))
-                if entry.is_dir():
-                    for sub in sorted(os.scandir(entry.path), key=lambda e: e.name):
-                        sst = sub.stat()
-                        sig.append((entry.name, sub.name, sst.st_mtime_ns, sst.st_size))
-        except OSError:
-            return ()
-        return tuple(sig)
+    @staticmethod
+    def _signature(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+        """(path, mtime, size) of everything under the model's directory: a load reloads, and
+        a poll loads, only when this changed (Triton compares modification times too)."""
+        sig: list[tuple[str, int, int]] = []
+        for dirpath, dirnames, filenames in os.walk(model_dir, followlinks=True):
+            # bytecode caches are written by the models themselves; a directory counts by
+            # name only (its mtime moves when such a cache appears)
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            rel = os.path.relpath(dirpath, model_dir)
+            sig.extend((os.path.normpath(os.path.join(rel, d)), 0, 0) for d in dirnames)
+            for f in filenames:
+                try:
+                    st = os.stat(os.path.join(dirpath, f))
+                except OSError:
+                    continue
+                sig.append((os.path.normpath(os.path.join(rel, f)), st.st_mtime_ns, st.st_size))
+        return tuple(sorted(sig))
 
     async def poll_once(self) -> None:
         present = layout.list_models(self.repositories)
         for name, model_dir in present.items():
-            sig = self._signature(model_dir)
             rec = self.records.get(name)
-            if rec is not None and rec.signature == sig:
-                continue
-            self.record(name).signature = sig
+            if rec is not None and rec.signature == self._signature(model_dir):
+                continue  # loaded (or failed) with exactly these files
             self.record(name).required = True
             try:
                 await self.load(name)
             except ServerError as exc:
                 log.error("poll: failed to load '%s': %s", name, exc)
         for name in list(self.records):
-            if name not in present and self.records[name].serving:
+            if name in present:
+                continue
+            if self.records[name].serving:
                 log.info("poll: model '%s' was removed from the repository; unloading", name)
                 await self.unload(name)
+            rec = self.records.get(name)
+            if rec is not None and not rec.present:
+                self._forget_if_unknown(rec)
 
     async def _poll_loop(self) -> None:
         for name, model_dir in layout.list_models(self.repositories).items():

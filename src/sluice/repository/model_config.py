@@ -91,15 +91,19 @@ def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
     return parse_config_text(text, str(path)), True
 
 
-def normalise(config: mc.ModelConfig, model_dir: Path, versions: list[int]) -> mc.ModelConfig:
-    """Fill name, platform/backend and instance groups the way Triton does."""
-    source = model_dir / CONFIG_FILE
+def normalise(
+    config: mc.ModelConfig, model_dir: Path, versions: list[int], source: str = ""
+) -> mc.ModelConfig:
+    """Fill name, platform/backend and instance groups the way Triton does. ``source`` names
+    where the config came from (default: the model's config.pbtxt)."""
+    source = source or str(model_dir / CONFIG_FILE)
     if not config.name:
         config.name = model_dir.name
     elif config.name != model_dir.name:
         raise InvalidArgument(
-            f"invalid model configuration {source}: field 'name' is '{config.name}' but the "
-            f"model directory is '{model_dir.name}'"
+            f"unexpected directory name '{model_dir.name}' for model '{config.name}', directory "
+            f"name must equal model name (invalid model configuration {source}: field 'name' is "
+            f"'{config.name}' but the model is '{model_dir.name}')"
         )
     if not config.backend and config.platform in _PLATFORM_BACKEND:
         config.backend = _PLATFORM_BACKEND[config.platform]
@@ -140,8 +144,11 @@ def normalise(config: mc.ModelConfig, model_dir: Path, versions: list[int]) -> m
     return config
 
 
-def validate(config: mc.ModelConfig, source: str) -> None:
-    """Structural checks Triton makes before a backend sees the config."""
+def validate(config: mc.ModelConfig, source: str) -> list[str]:
+    """Structural checks Triton makes before a backend sees the config. Raises for what
+    Triton refuses; returns warnings for what Triton loads but that has no effect or looks
+    like a mistake (a config real Triton loads must load here too)."""
+    warnings: list[str] = []
     if not config.backend and not config.platform:
         raise InvalidArgument(
             f"invalid model configuration {source}: neither 'backend' nor 'platform' is set and "
@@ -149,7 +156,7 @@ def validate(config: mc.ModelConfig, source: str) -> None:
         )
     if config.max_batch_size < 0:
         raise InvalidArgument(
-            f"invalid model configuration {source}: 'max_batch_size' must be >= 0"
+            f"invalid model configuration {source}: 'max_batch_size' must be non-negative value"
         )
     for kind, tensors in (("input", config.input), ("output", config.output)):
         seen: set[str] = set()
@@ -159,8 +166,9 @@ def validate(config: mc.ModelConfig, source: str) -> None:
                     f"invalid model configuration {source}: an {kind} has no 'name'"
                 )
             if t.name in seen:
-                raise InvalidArgument(
-                    f"invalid model configuration {source}: {kind} '{t.name}' is declared twice"
+                # Triton loads it; the first declaration is the one that counts here.
+                warnings.append(
+                    f"{source}: {kind} '{t.name}' is declared twice; the first declaration is used"
                 )
             seen.add(t.name)
             if t.data_type == mc.TYPE_INVALID:
@@ -178,28 +186,37 @@ def validate(config: mc.ModelConfig, source: str) -> None:
                         f"dims {list(t.dims)}: each must be -1 or positive"
                     )
     if config.HasField("dynamic_batching"):
-        db = config.dynamic_batching
-        if config.max_batch_size == 0:
+        warnings.extend(_check_dynamic_batching(config, source))
+    return warnings
+
+
+def _check_dynamic_batching(config: mc.ModelConfig, source: str) -> list[str]:
+    db = config.dynamic_batching
+    warnings: list[str] = []
+    for size in db.preferred_batch_size:
+        if size <= 0 or size > config.max_batch_size:
             raise InvalidArgument(
-                f"invalid model configuration {source}: 'dynamic_batching' requires "
-                "'max_batch_size' > 0"
+                f"invalid model configuration {source}: dynamic batching preferred size must be "
+                f"<= max batch size: preferred_batch_size {size} is not between 1 and "
+                f"max_batch_size ({config.max_batch_size})"
             )
-        for size in db.preferred_batch_size:
-            if size <= 0 or size > config.max_batch_size:
-                raise InvalidArgument(
-                    f"invalid model configuration {source}: dynamic_batching.preferred_batch_size "
-                    f"{size} must be between 1 and max_batch_size ({config.max_batch_size})"
-                )
-        if db.priority_levels == 0 and db.default_priority_level != 0:
-            raise InvalidArgument(
-                f"invalid model configuration {source}: 'default_priority_level' needs "
-                "'priority_levels'"
-            )
-        if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
-            raise InvalidArgument(
-                f"invalid model configuration {source}: dynamic_batching.default_priority_level "
-                f"must be between 1 and priority_levels ({db.priority_levels})"
-            )
+    if config.max_batch_size == 0:
+        warnings.append(
+            f"{source}: 'dynamic_batching' has no effect with 'max_batch_size: 0' (the model "
+            "does not batch): each request executes alone"
+        )
+    if db.priority_levels == 0 and db.default_priority_level != 0:
+        warnings.append(
+            f"{source}: dynamic_batching.default_priority_level {db.default_priority_level} has "
+            "no effect without 'priority_levels'"
+        )
+    if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
+        raise InvalidArgument(
+            f"invalid model configuration {source}: default priority level must be in range "
+            f"[1, {db.priority_levels}] (dynamic_batching.default_priority_level is "
+            f"{db.default_priority_level})"
+        )
+    return warnings
 
 
 def config_to_json_dict(config: mc.ModelConfig) -> dict[str, Any]:

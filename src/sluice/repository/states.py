@@ -23,6 +23,9 @@ __all__ = [
     "ModelRecord",
 ]
 
+# (path, mtime_ns, size) of every entry under a model's directory
+Signature = tuple[tuple[str, int, int], ...]
+
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
 LOADING = "LOADING"
@@ -41,6 +44,8 @@ class TensorInfo:
 def tensor_infos(tensors: list[mc.ModelInput] | list[mc.ModelOutput]) -> dict[str, TensorInfo]:
     out: dict[str, TensorInfo] = {}
     for t in tensors:
+        if t.name in out:  # declared twice: the first declaration counts (config warns)
+            continue
         dt = config_to_kserve(mc.DataType.Name(t.data_type))
         out[t.name] = TensorInfo(
             t.name,
@@ -81,7 +86,10 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # kept across reloads so statistics stay cumulative, as in Triton
     stats: dict[int, ModelStats] = field(default_factory=dict)
-    signature: tuple[object, ...] = ()  # poll mode: what the files looked like at last load
+    # what the model's directory looked like at the last load attempt (poll mode compares)
+    signature: Signature = ()
+    # (directory signature, override key) of what serves now: a load reloads only if changed
+    loaded: tuple[Signature, tuple[object, ...] | None] | None = None
     dependents: set[str] = field(default_factory=set)
 
     def set_serving(self, serving: dict[int, ServingVersion]) -> None:
@@ -91,3 +99,10 @@ class ModelRecord:
     @property
     def ready(self) -> bool:
         return bool(self.serving)
+
+    @property
+    def present(self) -> bool:
+        """Serving, or on its way in or out: listed in the index even without a directory."""
+        return bool(self.serving) or any(
+            state in (LOADING, UNLOADING) for state, _ in self.states.values()
+        )

@@ -68,9 +68,10 @@ class Scheduler:
         )
         levels = db.priority_levels if db and db.priority_levels > 0 else 1
         self.levels = levels
+        # default_priority_level counts only with priority_levels (Triton ignores it alone)
         self.default_level = (
             (db.default_priority_level - 1)
-            if db and db.default_priority_level
+            if db and db.priority_levels and db.default_priority_level
             else (levels - 1 if levels > 1 else 0)
         )
         default = QueuePolicy(

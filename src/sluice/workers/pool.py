@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing as mp
 import signal
 from multiprocessing.connection import Connection
@@ -39,6 +40,7 @@ from .shm import unlink_prefix
 __all__ = ["WorkerClient", "run_auto_complete", "describe_exit"]
 
 _CTX = mp.get_context("spawn")
+log = logging.getLogger("sluice.workers")
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -57,7 +59,7 @@ def describe_exit(exitcode: int | None) -> str:
 class _Child:
     """One spawned process and its pipe; a restart makes a new one."""
 
-    __slots__ = ("proc", "conn", "tx", "ready", "exited")
+    __slots__ = ("proc", "conn", "tx", "ready", "exited", "released")
 
     def __init__(self, proc: Any, conn: Connection, tx: Connection) -> None:
         self.proc = proc
@@ -65,6 +67,7 @@ class _Child:
         self.tx = tx  # messages to the worker
         self.ready = False
         self.exited = False
+        self.released = False  # reaped and closed: its process object is no longer usable
 
 
 class WorkerClient:
@@ -257,16 +260,19 @@ class WorkerClient:
             pass
         self._remove_readers(child)
         if not self._stopping and self._loop is not None:
-            self._loop.create_task(self._after_death(child, was_ready))
+            task = self._loop.create_task(self._after_death(child, was_ready))
+            task.add_done_callback(_log_exception)
 
     async def _after_death(self, child: _Child, was_ready: bool) -> None:
+        if child.released or self._child is not child:
+            return
         proc = child.proc
         pid = proc.pid
         await _wait_exit(proc, 2.0)
+        if child.released or self._child is not child:
+            return  # _spawn or stop() reaped it meanwhile
         exitcode = proc.exitcode
         self._release(child)
-        if self._child is not child:
-            return
         self._child = None
         self._fail_pending(
             ServerError(
@@ -294,6 +300,9 @@ class WorkerClient:
 
     def _release(self, child: _Child) -> None:
         """Readers off, process reaped (terminate / kill when needed), pipe closed."""
+        if child.released:
+            return
+        child.released = True
         child.ready = False
         self._remove_readers(child)
         _kill(child.proc)
@@ -334,6 +343,11 @@ def _pipes() -> tuple[Connection, Connection, Connection, Connection]:
     up_r, up_w = _CTX.Pipe(duplex=False)
     down_r, down_w = _CTX.Pipe(duplex=False)
     return up_r, up_w, down_r, down_w
+
+
+def _log_exception(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("worker exit handling failed", exc_info=task.exception())
 
 
 def _consume_exception(task: asyncio.Future[None]) -> None:
