@@ -60,13 +60,13 @@ async def run(n: int, concurrencies: list[int], model: str) -> None:
 
         await asyncio.gather(*(client(200 // conc or 1) for _ in range(conc)))  # warm-up
         lat.clear()
-        st0 = manager.get_serving(model).stats
+        st0 = manager.serving.get(model).stats
         inf0, ex0 = st0.inference_count, st0.execution_count
         t0 = time.perf_counter()
         await asyncio.gather(*(client(n // conc) for _ in range(conc)))
         rate = len(lat) / (time.perf_counter() - t0)
         lat.sort()
-        st = manager.get_serving(model).stats
+        st = manager.serving.get(model).stats
         print(
             f"c={conc:<3} {rate:8,.0f} req/s  mean {statistics.mean(lat) * 1e6:7.0f} us  "
             f"p99 {lat[int(len(lat) * 0.99)] * 1e6:7.0f} us  "

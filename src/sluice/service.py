@@ -6,21 +6,18 @@ control, statistics). Front-ends only translate wire formats to these calls and 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import SERVER_NAME, __version__
 from .config import ControlMode, ServerConfig
-from .errors import Internal, InvalidArgument, ServerError, Unavailable
-from .protocol.datatypes import numpy_to_kserve
+from .errors import InvalidArgument, ServerError, Unavailable
 from .repository.layout import check_model_name
 from .repository.manager import ModelManager
 from .repository.states import ServingVersion, TensorInfo
 from .types import InferRequest, InferResponse
-from .validation import check_request
 
 __all__ = ["InferenceService", "EXTENSIONS"]
 
@@ -35,24 +32,11 @@ EXTENSIONS = [
 ]
 
 
-def _int_param(params: dict[str, Any], key: str) -> int:
-    value = params.get(key)
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidArgument(f"request parameter '{key}' must be an integer")
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidArgument(
-            f"request parameter '{key}' must be an integer, got '{value}'"
-        ) from None
-
-
 class InferenceService:
     def __init__(self, config: ServerConfig, manager: ModelManager) -> None:
         self.config = config
         self.manager = manager
+        self.serving = manager.serving
         self._accepting = True
         self._inflight = 0
         self._idle: asyncio.Event | None = None
@@ -81,7 +65,7 @@ class InferenceService:
 
     def _serving(self, name: str, version: str) -> ServingVersion:
         check_model_name(name)
-        return self.manager.get_serving(name, version)
+        return self.serving.get(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         sv = self._serving(name, version)
@@ -106,56 +90,34 @@ class InferenceService:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self._serving(name, version).config
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        arrival = request.arrival_ns or time.monotonic_ns()
+    async def infer(
+        self, request: InferRequest, *, protocol: str = "", single: bool = False
+    ) -> InferResponse:
+        """One response (``serving.Serving.infer``); ``protocol`` ("HTTP end point",
+        "ModelInfer RPC") words the refusal of a decoupled model as Triton does."""
         if not self._accepting:
             raise Unavailable("Server is shutting down: new inference requests are refused")
-        sv = self._serving(request.model_name, request.model_version)
-        stats = sv.stats
-        # Client mistakes are refused before the model sees them and, as in Triton, are not
-        # counted as inference failures.
+        self._inflight += 1
         try:
-            batch, key = check_request(request, sv)
-        except InvalidArgument as exc:
-            exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
-            raise
-        params = request.parameters
-        priority = _int_param(params, "priority") if params else 0
-        timeout = _int_param(params, "timeout") if params else 0
+            return await self.serving.infer(request, protocol=protocol, single=single)
+        finally:
+            self._left()
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """0..N responses of a decoupled model (exactly one otherwise); the last is final."""
+        if not self._accepting:
+            raise Unavailable("Server is shutting down: new inference requests are refused")
+        self._inflight += 1
         try:
-            self._inflight += 1
-            try:
-                response = await sv.scheduler.submit(request, batch, key, priority, timeout)
-            finally:
-                self._inflight -= 1
-                if self._idle is not None and self._inflight == 0:
-                    self._idle.set()
-        except ServerError as exc:
-            stats.record_failure(
-                time.monotonic_ns() - arrival,
-                "REJECTED" if isinstance(exc, Unavailable) else "BACKEND",
-            )
-            raise
-        response.model_name = request.model_name
-        response.model_version = sv.version_str
-        if not response.id:
-            response.id = request.id
-        wanted = request.outputs
-        if wanted:
-            outs = response.outputs
-            missing = [o.name for o in wanted if o.name not in outs]
-            if missing:
-                stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
-                raise Internal(  # the model's fault, not the client's
-                    f"model '{request.model_name}' did not produce requested output(s) {missing}"
-                )
-            response.outputs = {o.name: outs[o.name] for o in wanted}
-        dts = response.output_datatypes
-        for out_name, arr in response.outputs.items():
-            if out_name not in dts:
-                dts[out_name] = _datatype_of(out_name, arr, sv)
-        stats.record_success(time.monotonic_ns() - arrival)
-        return response
+            async for response in self.serving.infer_stream(request):
+                yield response
+        finally:
+            self._left()
+
+    def _left(self) -> None:
+        self._inflight -= 1
+        if self._idle is not None and self._inflight == 0:
+            self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight (front-end side)."""
@@ -206,7 +168,7 @@ class InferenceService:
             return {"model_stats": stats}
         check_model_name(name)
         try:
-            sv = self.manager.get_serving(name, version)
+            sv = self.serving.get(name, version)
         except ServerError:
             if version:
                 raise InvalidArgument(
@@ -217,15 +179,3 @@ class InferenceService:
             return {"model_stats": [sv.stats.as_dict()]}
         rec = self.manager.records[name]
         return {"model_stats": [rec.stats[v].as_dict() for v in sorted(rec.serving)]}
-
-
-def _datatype_of(name: str, arr: np.ndarray, sv: ServingVersion) -> str:
-    info = sv.outputs.get(name)
-    if info is not None and (
-        arr.dtype == info.dtype or (info.datatype == "BYTES" and arr.dtype.kind in "OSU")
-    ):
-        return info.datatype
-    dt = numpy_to_kserve(arr.dtype)
-    if dt is None:
-        raise InvalidArgument(f"output '{name}' has unsupported numpy dtype {arr.dtype}")
-    return dt

@@ -6,6 +6,8 @@ Tensors are numpy arrays. BYTES tensors are ``np.object_`` arrays whose elements
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,14 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     # Filled by the service: monotonic ns at arrival.
     arrival_ns: int = 0
+    # Decoupled models: the serving path's queue for the model's 0..N responses (and the
+    # ServerError that ends a stream early), set before the request is submitted.
+    responses: asyncio.Queue[Any] | None = None
+    # The caller went away (stream closed, client disconnected): the model's is_cancelled().
+    cancelled: bool = False
+    on_cancel: Callable[[], None] | None = None
+    # BLS: the models whose execute() is waiting on this request (a call cycle is refused).
+    callers: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -47,3 +57,7 @@ class InferResponse:
     # name -> KServe datatype
     output_datatypes: dict[str, str] = field(default_factory=dict)
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Decoupled streams: the last response of a request has ``final``; a response the model
+    # sent with an error carries it here (the stream goes on unless it is final).
+    final: bool = True
+    error: Exception | None = None

@@ -17,7 +17,6 @@ CORE = [
     "metrics.py",
     "repository",
     "scheduling",
-    "workers",
     "backends",
 ]
 FORBIDDEN = ("grpc", "uvicorn", "starlette", "httptools", "sluice.frontends", "sluice.perf")

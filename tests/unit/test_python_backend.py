@@ -17,10 +17,10 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from sluice.backends import triton_python_backend_utils as pb_utils
 from sluice.backends.base import ModelSpec, backend_for
 from sluice.backends.batching import instance_names
-from sluice.backends.python import PythonBackend, PythonInstance
+from sluice.backends.python import pb_utils
+from sluice.backends.python.server import PythonBackend, PythonInstance
 from sluice.errors import ServerError, Status
 from sluice.types import InferRequest, InferResponse, OutputSpec
 

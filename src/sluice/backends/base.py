@@ -83,7 +83,7 @@ _REGISTRY: dict[str, Callable[[], Backend]] = {}
 # imported the first time a config names the backend, so an optional runtime (torch,
 # tensorrt) costs nothing until a model needs it.
 _BUILTIN_MODULES = {
-    "python": "sluice.backends.python",
+    "python": "sluice.backends.python.server",
     "onnxruntime": "sluice.backends.onnxruntime",
     "onnxruntime_onnx": "sluice.backends.onnxruntime",
     "pytorch": "sluice.backends.torchscript",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, Unsupported
 from ..types import InferRequest, InferResponse, OutputSpec
+from . import bytes_tensor
 from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
 
 __all__ = [
@@ -52,9 +52,6 @@ _HEADER_LENGTH_B = HEADER_LENGTH.encode()
 _CT_JSON = (b"content-type", b"application/json")
 _CT_OCTET = (b"content-type", b"application/octet-stream")
 
-_U32 = struct.Struct("<I")
-_unpack_u32 = _U32.unpack_from
-_pack_u32 = _U32.pack
 
 _json_loads = json.loads
 # C string escaper (non-ASCII kept as UTF-8, like ensure_ascii=False)
@@ -88,55 +85,26 @@ _KNOWN = ", ".join(KSERVE_TO_NUMPY)
 
 
 # --------------------------------------------------------------------------- BYTES helpers
-def serialize_bytes_tensor(arr: np.ndarray) -> bytes:
-    """Flatten ``arr`` (C order) into length-prefixed elements. ``str`` elements are encoded
-    UTF-8; other non-bytes elements are converted with ``str()`` first (as tritonclient does)."""
-    parts: list[bytes] = []
-    append = parts.append
-    for item in arr.ravel():
-        if type(item) is not bytes:
-            if isinstance(item, str):
-                item = item.encode()
-            elif isinstance(item, bytes | bytearray | memoryview | np.bytes_):
-                item = bytes(item)
-            else:
-                item = str(item).encode()
-        append(_pack_u32(len(item)))
-        append(item)
-    return b"".join(parts)
+serialize_bytes_tensor = bytes_tensor.serialize
 
 
 def deserialize_bytes_tensor(
     buf: bytes | memoryview, count: int, start: int = 0, end: int | None = None, name: str = ""
 ) -> np.ndarray:
     """Parse ``count`` length-prefixed elements from ``buf[start:end]`` into a 1-D object array
-    of ``bytes``; the elements must fill the span exactly."""
-    if end is None:
-        end = len(buf)
-    out = np.empty(count, dtype=_OBJECT)
-    mv = memoryview(buf)
-    pos = start
+    of ``bytes``; the elements must fill the span exactly (InvalidArgument naming the input)."""
     try:
-        for i in range(count):
-            if pos + 4 > end:
-                raise struct.error
-            (n,) = _unpack_u32(mv, pos)
-            pos += 4
-            if pos + n > end:
-                raise struct.error
-            out[i] = bytes(mv[pos : pos + n])
-            pos += n
-    except struct.error:
+        return bytes_tensor.deserialize(buf, count, start, end)
+    except bytes_tensor.Truncated:
         raise InvalidArgument(
             f"input '{name}': BYTES data holds fewer than the {count} elements its shape "
             "requires (or an element length runs past the end of binary_data_size)"
         ) from None
-    if pos != end:
+    except bytes_tensor.Leftover as exc:
         raise InvalidArgument(
-            f"input '{name}': BYTES data holds {end - pos} bytes more than the {count} "
+            f"input '{name}': BYTES data holds {exc.extra} bytes more than the {count} "
             "elements its shape requires"
-        )
-    return out
+        ) from None
 
 
 # --------------------------------------------------------------------------- request decode

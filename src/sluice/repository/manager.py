@@ -33,9 +33,8 @@ from ..backends.ensemble import EnsembleBackend, composing_models
 from ..config import ControlMode, ServerConfig
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from ..scheduling.scheduler import Scheduler
+from ..serving import Serving
 from ..stats import ModelStats
-from ..types import InferRequest, InferResponse
-from ..validation import check_request
 from . import layout
 from .model_config import normalise, parse_config_json, read_config, validate
 from .states import (
@@ -94,6 +93,7 @@ class ModelManager:
         self.config = config
         self.repositories = tuple(Path(p).resolve() for p in config.model_repositories)
         self.records: dict[str, ModelRecord] = {}
+        self.serving = Serving(self.records)  # the one request path (ensembles, BLS too)
         self._override_dirs: dict[str, Path] = {}
         self._poll_task: asyncio.Task[None] | None = None
         self.startup_done = False
@@ -107,45 +107,9 @@ class ModelManager:
             rec = self.records[name] = ModelRecord(name)
         return rec
 
-    def get_serving(self, name: str, version: str = "") -> ServingVersion:
-        """The version that serves ``name``/``version``; raises NotFound with Triton's texts
-        (plus the state and reason when the model is known but not serving)."""
-        rec = self.records.get(name)
-        if version:
-            try:
-                v = int(version)
-            except ValueError:
-                raise InvalidArgument(
-                    f"invalid version '{version}' for model '{name}': a version is a number"
-                ) from None
-            if rec is not None:
-                sv = rec.serving.get(v)
-                if sv is not None:
-                    return sv
-                if rec.serving:
-                    raise NotFound(
-                        f"Request for unknown model: '{name}' version {version} is not "
-                        f"found (serving versions: "
-                        f"{', '.join(map(str, sorted(rec.serving)))})"
-                    )
-        elif rec is not None and rec.latest is not None:
-            return rec.latest
-        raise self._not_serving(name)
-
-    def _not_serving(self, name: str) -> ServerError:
-        layout.check_model_name(name)
-        rec = self.records.get(name)
-        if rec is not None and rec.states:
-            state, reason = rec.states.get(-1) or next(iter(rec.states.values()))
-            detail = f"; state {state}" + (f": {reason}" if reason else "")
-            return NotFound(
-                f"Request for unknown model: '{name}' has no available versions{detail}"
-            )
-        return NotFound(f"Request for unknown model: '{name}' is not found")
-
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
-            self.get_serving(name, version)
+            self.serving.get(name, version)
         except ServerError:
             return False
         return all(self.is_ready(m) for m in self._ensembles.get(name, ()))
@@ -374,7 +338,7 @@ class ModelManager:
         if config.platform == "ensemble":
             composing = composing_models(config)
             await self._ensure_loaded(name, composing)
-            backend = EnsembleBackend(self.infer_composing, self._serving_config)
+            backend = EnsembleBackend(self.serving.infer, self._serving_config)
         if backend is None:
             raise Unsupported(
                 f"failed to load '{name}': unsupported backend '{config.backend or config.platform}'"
@@ -448,6 +412,7 @@ class ModelManager:
                     required_inputs=frozenset(n for n, t in inputs.items() if not t.optional),
                     max_batch_size=config.max_batch_size,
                     version_str=str(v),
+                    decoupled=config.model_transaction_policy.decoupled,
                 )
         except BaseException as exc:
             await asyncio.gather(*(i.stop() for i in started), return_exceptions=True)
@@ -507,26 +472,9 @@ class ModelManager:
 
     def _serving_config(self, name: str, version: str) -> mc.ModelConfig | None:
         try:
-            return self.get_serving(name, version).config
+            return self.serving.get(name, version).config
         except ServerError:
             return None
-
-    async def infer_composing(self, request: InferRequest) -> InferResponse:
-        """An ensemble step: the service's path (validation, the model's own scheduler,
-        its statistics) without the front-end."""
-        arrival = time.monotonic_ns()
-        sv = self.get_serving(request.model_name, request.model_version)
-        batch, key = check_request(request, sv)
-        try:
-            response = await sv.scheduler.submit(request, batch, key)
-        except ServerError as exc:
-            sv.stats.record_failure(
-                time.monotonic_ns() - arrival,
-                "REJECTED" if isinstance(exc, Unavailable) else "BACKEND",
-            )
-            raise
-        sv.stats.record_success(time.monotonic_ns() - arrival)
-        return response
 
     def _check_devices(self, name: str, config: mc.ModelConfig) -> None:
         for group in config.instance_group:

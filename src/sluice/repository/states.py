@@ -69,6 +69,7 @@ class ServingVersion:
     required_inputs: frozenset[str]
     max_batch_size: int
     version_str: str
+    decoupled: bool = False  # model_transaction_policy { decoupled: true }
 
     @property
     def config(self) -> mc.ModelConfig:

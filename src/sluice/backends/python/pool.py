@@ -22,7 +22,7 @@ import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..errors import ServerError, Status
+from ...errors import ServerError, Status
 from .messages import (
     AutoCompleteReply,
     ExecuteReply,
@@ -34,8 +34,8 @@ from .messages import (
     decode,
     encode,
 )
-from .process import worker_main
 from .shm import unlink_prefix
+from .worker import worker_main
 
 __all__ = ["WorkerClient", "run_auto_complete", "describe_exit"]
 

@@ -60,9 +60,7 @@ _KSERVE_BY_CODE = (
     "BYTES",
 )
 
-_PB_UTILS_FILE = (
-    Path(__file__).resolve().parent.parent / "backends" / "triton_python_backend_utils.py"
-)
+_PB_UTILS_FILE = Path(__file__).resolve().parent / "pb_utils.py"
 
 
 def load_pb_utils() -> ModuleType:
@@ -78,7 +76,7 @@ def load_pb_utils() -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["triton_python_backend_utils"] = module
-    sys.modules["sluice.backends.triton_python_backend_utils"] = module
+    sys.modules["sluice.backends.python.pb_utils"] = module
     spec.loader.exec_module(module)
     return module
 

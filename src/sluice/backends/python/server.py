@@ -37,14 +37,14 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import InvalidArgument, NotFound, ServerError, Status
-from ..repository.model_config import config_to_json_dict
-from ..types import InferRequest, InferResponse
-from ..workers.messages import OK, Execute, RequestRef, WorkerSetup
-from ..workers.pool import WorkerClient, run_auto_complete
-from ..workers.shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix
-from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
-from .batching import instance_names
+from ...errors import InvalidArgument, NotFound, ServerError, Status
+from ...repository.model_config import config_to_json_dict
+from ...types import InferRequest, InferResponse
+from ..base import ExecuteResult, ModelInstance, ModelSpec, register_backend
+from ..batching import instance_names
+from .messages import OK, Execute, RequestRef, WorkerSetup
+from .pool import WorkerClient, run_auto_complete
+from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix
 
 __all__ = ["PythonBackend", "PythonInstance", "model_config_json"]
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
+from sluice.protocol import bytes_tensor
 
 __all__ = [
     "Tensor",
@@ -115,35 +116,12 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | None:
     """Elements of a BYTES tensor in C order, each as a 4-byte little-endian length + bytes."""
     if input_tensor.size == 0:
         return None
-    pack = struct.Struct("<I").pack
-    parts: list[bytes] = []
-    for obj in input_tensor.reshape(-1):
-        if isinstance(obj, bytes | bytearray):
-            s = bytes(obj)
-        elif isinstance(obj, np.bytes_):
-            s = obj.tobytes()
-        else:
-            s = str(obj).encode("utf-8")
-        parts.append(pack(len(s)))
-        parts.append(s)
-    return b"".join(parts)
+    return bytes_tensor.serialize(input_tensor)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | memoryview) -> np.ndarray:
     """The inverse of ``serialize_byte_tensor``: a 1-D ``np.object_`` array of ``bytes``."""
-    buf = memoryview(encoded_tensor).cast("B")
-    items: list[bytes] = []
-    offset = 0
-    n = len(buf)
-    unpack = struct.Struct("<I").unpack_from
-    while offset < n:
-        (length,) = unpack(buf, offset)
-        offset += 4
-        items.append(bytes(buf[offset : offset + length]))
-        offset += length
-    arr = np.empty(len(items), dtype=np.object_)
-    arr[:] = items
-    return arr
+    return bytes_tensor.deserialize(encoded_tensor)
 
 
 class TritonModelException(Exception):

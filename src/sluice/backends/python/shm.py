@@ -24,14 +24,14 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import struct
 from collections.abc import Sequence
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 import numpy as np
 
-from ..protocol.datatypes import KSERVE_TO_NUMPY
+from ...protocol import bytes_tensor
+from ...protocol.datatypes import KSERVE_TO_NUMPY
 from .messages import TensorRef
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
 ALIGN = 64
 _MIN_SIZE = 1 << 20
 _posixshmem: Any = getattr(shared_memory, "_posixshmem", None)
-_len_struct = struct.Struct("<I")
 
 
 def _open(name: str, create: bool, size: int = 0) -> shared_memory.SharedMemory:
@@ -111,36 +110,6 @@ def datatype_of(array: np.ndarray) -> str:
 _DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in KSERVE_TO_NUMPY.items() if v.kind != "O"}
 
 
-def _serialize_bytes(array: np.ndarray) -> bytes:
-    pack = _len_struct.pack
-    parts: list[bytes] = []
-    for obj in array.reshape(-1):
-        if isinstance(obj, bytes):
-            s = obj
-        elif isinstance(obj, bytearray | memoryview | np.bytes_):
-            s = bytes(obj)
-        else:
-            s = str(obj).encode("utf-8")
-        parts.append(pack(len(s)))
-        parts.append(s)
-    return b"".join(parts)
-
-
-def _deserialize_bytes(buf: memoryview, shape: tuple[int, ...]) -> np.ndarray:
-    items: list[bytes] = []
-    offset = 0
-    end = len(buf)
-    unpack = _len_struct.unpack_from
-    while offset < end:
-        (n,) = unpack(buf, offset)
-        offset += 4
-        items.append(bytes(buf[offset : offset + n]))
-        offset += n
-    out = np.empty(len(items), dtype=np.object_)
-    out[:] = items
-    return out.reshape(shape)
-
-
 class ArenaWriter:
     """The writing (owning) side of one arena.
 
@@ -179,7 +148,7 @@ class ArenaWriter:
         offset = 0
         for _, array, datatype in tensors:
             if datatype == "BYTES":
-                blob: bytes | None = _serialize_bytes(array)
+                blob: bytes | None = bytes_tensor.serialize(array)
                 nbytes = len(blob)  # type: ignore[arg-type]
             else:
                 blob = None
@@ -240,7 +209,7 @@ class ArenaReader:
         buf = self._buf
         assert buf is not None
         if datatype == "BYTES":
-            return _deserialize_bytes(buf[offset : offset + nbytes], shape)
+            return bytes_tensor.deserialize(buf, None, offset, offset + nbytes).reshape(shape)
         return np.ndarray(shape, KSERVE_TO_NUMPY[datatype], buffer=buf, offset=offset)
 
     def copy(self, ref: TensorRef) -> np.ndarray:

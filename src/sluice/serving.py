@@ -1,0 +1,250 @@
+"""What is serving now, and the one request path every inference takes.
+
+Client requests (through ``InferenceService``), ensemble steps and BLS calls from python
+models all go through ``Serving.infer`` / ``Serving.infer_stream``: find the serving version,
+validate against its config, submit to its scheduler (its batching, priorities, queue policy),
+record statistics, filter the requested outputs. Nothing else submits to a scheduler.
+
+Rules of this file:
+- Client mistakes (validation) raise ``InvalidArgument`` prefixed with Triton's
+  ``[request id: ...]`` and are not counted as failures, as in Triton.
+- A decoupled model answers through ``infer_stream`` (0..N responses, the last one marked
+  final); ``infer`` of a decoupled model is refused with Triton's words, except for callers
+  that accept exactly one response (``single=True``: the generate endpoint).
+- Statistics of a decoupled request are recorded when its final response arrives.
+
+Usage::
+
+    serving = Serving(manager.records)
+    response = await serving.infer(request)
+    async for response in serving.infer_stream(request):
+        ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from .errors import Internal, InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from .protocol.datatypes import numpy_to_kserve
+from .repository import layout
+from .repository.states import ModelRecord, ServingVersion
+from .types import InferRequest, InferResponse
+from .validation import check_request
+
+__all__ = ["Serving", "DECOUPLED_REFUSED"]
+
+DECOUPLED_REFUSED = "doesn't support models with decoupled transaction policy"
+
+
+def _int_param(params: dict[str, Any], key: str) -> int:
+    value = params.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidArgument(f"request parameter '{key}' must be an integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"request parameter '{key}' must be an integer, got '{value}'"
+        ) from None
+
+
+class Serving:
+    def __init__(self, records: dict[str, ModelRecord]) -> None:
+        self.records = records  # the manager's: it adds and swaps, we only read
+
+    # ---------------------------------------------------------------- lookups
+    def get(self, name: str, version: str = "") -> ServingVersion:
+        """The version that serves ``name``/``version``; raises NotFound with Triton's texts
+        (plus the state and reason when the model is known but not serving)."""
+        rec = self.records.get(name)
+        if version:
+            try:
+                v = int(version)
+            except ValueError:
+                raise InvalidArgument(
+                    f"invalid version '{version}' for model '{name}': a version is a number"
+                ) from None
+            if rec is not None:
+                sv = rec.serving.get(v)
+                if sv is not None:
+                    return sv
+                if rec.serving:
+                    raise NotFound(
+                        f"Request for unknown model: '{name}' version {version} is not "
+                        f"found (serving versions: "
+                        f"{', '.join(map(str, sorted(rec.serving)))})"
+                    )
+        elif rec is not None and rec.latest is not None:
+            return rec.latest
+        raise self._not_serving(name)
+
+    def _not_serving(self, name: str) -> ServerError:
+        layout.check_model_name(name)
+        rec = self.records.get(name)
+        if rec is not None and rec.states:
+            state, reason = rec.states.get(-1) or next(iter(rec.states.values()))
+            detail = f"; state {state}" + (f": {reason}" if reason else "")
+            return NotFound(
+                f"Request for unknown model: '{name}' has no available versions{detail}"
+            )
+        return NotFound(f"Request for unknown model: '{name}' is not found")
+
+    # ------------------------------------------------------------------ infer
+    def _admit(self, request: InferRequest) -> tuple[ServingVersion, int, tuple[Any, ...]]:
+        sv = self.get(request.model_name, request.model_version)
+        try:
+            batch, key = check_request(request, sv)
+        except InvalidArgument as exc:
+            exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
+            raise
+        return sv, batch, key
+
+    async def infer(
+        self, request: InferRequest, *, protocol: str = "", single: bool = False
+    ) -> InferResponse:
+        """One request, one response. ``protocol`` names the caller in the refusal of a
+        decoupled model (Triton: "HTTP end point doesn't support ..."); ``single`` accepts a
+        decoupled model that answers exactly one response."""
+        arrival = request.arrival_ns or time.monotonic_ns()
+        sv, batch, key = self._admit(request)
+        if sv.decoupled:
+            if not single:
+                raise Unsupported(f"{protocol or 'this call'} {DECOUPLED_REFUSED}")
+            responses = [r async for r in self._stream(sv, request, batch, key, arrival)]
+            data = [r for r in responses if r.outputs or not r.final]
+            if len(data) != 1:
+                raise InvalidArgument(
+                    "generate expects model to produce exactly 1 response, use generate "
+                    "stream for model that generates various number of responses"
+                )
+            return data[0]
+        response = await self._submit(sv, request, batch, key, arrival)
+        self._finish(sv, request, response, arrival)
+        sv.stats.record_success(time.monotonic_ns() - arrival)
+        return response
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """0..N responses (decoupled model) or exactly one; the last has ``final`` set."""
+        arrival = request.arrival_ns or time.monotonic_ns()
+        sv, batch, key = self._admit(request)
+        if not sv.decoupled:
+            response = await self._submit(sv, request, batch, key, arrival)
+            self._finish(sv, request, response, arrival)
+            sv.stats.record_success(time.monotonic_ns() - arrival)
+            response.final = True
+            yield response
+            return
+        async for response in self._stream(sv, request, batch, key, arrival):
+            yield response
+
+    async def _stream(
+        self,
+        sv: ServingVersion,
+        request: InferRequest,
+        batch: int,
+        key: tuple[Any, ...],
+        arrival: int,
+    ) -> AsyncIterator[InferResponse]:
+        queue: asyncio.Queue[InferResponse | ServerError] = asyncio.Queue()
+        request.responses = queue
+        done = False
+        failed = False
+        try:
+            await self._submit(sv, request, batch, key, arrival)  # execute() returned
+            while True:
+                item = await queue.get()
+                if isinstance(item, ServerError):  # the stream broke (e.g. the worker died)
+                    sv.stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
+                    done = True
+                    raise item
+                if item.error is not None:
+                    failed = True
+                    item.model_name = request.model_name
+                    item.model_version = sv.version_str
+                    item.id = item.id or request.id
+                else:
+                    self._finish(sv, request, item, arrival, stream=True)
+                if item.final:
+                    elapsed = time.monotonic_ns() - arrival
+                    if failed:
+                        sv.stats.record_failure(elapsed, "BACKEND")
+                    else:
+                        sv.stats.record_success(elapsed)
+                    done = True
+                yield item
+                if item.final:
+                    return
+        finally:
+            if not done:  # the caller went away: the model sees is_cancelled()
+                request.cancelled = True
+                if request.on_cancel is not None:
+                    request.on_cancel()
+
+    async def _submit(
+        self,
+        sv: ServingVersion,
+        request: InferRequest,
+        batch: int,
+        key: tuple[Any, ...],
+        arrival: int,
+    ) -> InferResponse:
+        params = request.parameters
+        priority = _int_param(params, "priority") if params else 0
+        timeout = _int_param(params, "timeout") if params else 0
+        try:
+            return await sv.scheduler.submit(request, batch, key, priority, timeout)
+        except ServerError as exc:
+            sv.stats.record_failure(
+                time.monotonic_ns() - arrival,
+                "REJECTED" if isinstance(exc, Unavailable) else "BACKEND",
+            )
+            raise
+
+    def _finish(
+        self,
+        sv: ServingVersion,
+        request: InferRequest,
+        response: InferResponse,
+        arrival: int,
+        stream: bool = False,
+    ) -> None:
+        """Name the response, keep the requested outputs, fill their datatypes. (A decoupled
+        response may carry no outputs at all, e.g. the empty final one.)"""
+        response.model_name = request.model_name
+        response.model_version = sv.version_str
+        if not response.id:
+            response.id = request.id
+        wanted = request.outputs
+        if wanted and not (stream and not response.outputs):
+            outs = response.outputs
+            missing = [o.name for o in wanted if o.name not in outs]
+            if missing:
+                sv.stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
+                raise Internal(  # the model's fault, not the client's
+                    f"model '{request.model_name}' did not produce requested output(s) {missing}"
+                )
+            response.outputs = {o.name: outs[o.name] for o in wanted}
+        dts = response.output_datatypes
+        for out_name, arr in response.outputs.items():
+            if out_name not in dts:
+                dts[out_name] = _datatype_of(out_name, arr, sv)
+
+
+def _datatype_of(name: str, arr: np.ndarray, sv: ServingVersion) -> str:
+    info = sv.outputs.get(name)
+    if info is not None and (
+        arr.dtype == info.dtype or (info.datatype == "BYTES" and arr.dtype.kind in "OSU")
+    ):
+        return info.datatype
+    dt = numpy_to_kserve(arr.dtype)
+    if dt is None:
+        raise InvalidArgument(f"output '{name}' has unsupported numpy dtype {arr.dtype}")
+    return dt
