@@ -12,7 +12,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,torch]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The native gRPC edge (gRPC C++; DESIGN.md): system packages, then a ~10 s compile. Where
+# either cannot happen the server serves gRPC with grpc.aio, so this never fails the install.
+EDGE_SRC   := src/sluice/frontends/grpc_edge/_edge.cc
+EDGE_STAMP := $(VENV)/.grpc-edge
+$(EDGE_STAMP): $(EDGE_SRC) src/sluice/frontends/grpc_edge/build.py | $(STAMP)
+	scripts/install-system-deps || echo "install-system-deps failed: gRPC falls back to grpc.aio"
+	$(PY) src/sluice/frontends/grpc_edge/build.py
+	touch $@
+
+install: $(STAMP) $(EDGE_STAMP)
 
 # Generated example models (seeded weights; not committed): resnet50 ONNX, a TorchScript MLP.
 MODELS := examples/model_repo/resnet50/1/model.onnx examples/model_repo/torch_linear/1/model.pt

@@ -4,10 +4,11 @@ ServerConfig and hands it to ``server.run``; no logic beyond validation lives he
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from .config import ControlMode, ServerConfig
+from .config import ControlMode, GrpcEdge, ServerConfig
 
 __all__ = ["main", "build_parser", "parse_serve_args"]
 
@@ -93,6 +94,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="BOOL",
         help="exit if a model fails to load at start (as tritonserver)",
     )
+    _add_grpc_flags(p)
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
@@ -112,6 +114,68 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--cache-directory",
     ):
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
+
+
+# tritonserver's gRPC tuning flags -> (gRPC channel argument, value type). Triton applies
+# them as these channel arguments; so do both of sluice's gRPC edges.
+GRPC_CHANNEL_FLAGS: dict[str, tuple[str, str]] = {
+    "--grpc-keepalive-time": ("grpc.keepalive_time_ms", "int"),
+    "--grpc-keepalive-timeout": ("grpc.keepalive_timeout_ms", "int"),
+    "--grpc-keepalive-permit-without-calls": ("grpc.keepalive_permit_without_calls", "bool"),
+    "--grpc-http2-max-pings-without-data": ("grpc.http2.max_pings_without_data", "int"),
+    "--grpc-http2-min-recv-ping-interval-without-data": (
+        "grpc.http2.min_ping_interval_without_data_ms",
+        "int",
+    ),
+    "--grpc-http2-max-ping-strikes": ("grpc.http2.max_ping_strikes", "int"),
+    "--grpc-max-connection-age": ("grpc.max_connection_age_ms", "int"),
+    "--grpc-max-connection-age-grace": ("grpc.max_connection_age_grace_ms", "int"),
+}
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _add_grpc_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--grpc-edge",
+        choices=GrpcEdge.ALL,
+        # The one setting read from the environment, at parse time: lets a test run choose
+        # the edge for every server it starts. The flag wins over it.
+        default=os.environ.get("SLUICE_GRPC_EDGE") or GrpcEdge.AUTO,
+        help="gRPC edge: native (gRPC C++ extension), aio (grpc.aio), auto (native when built); "
+        "default from $SLUICE_GRPC_EDGE, else auto",
+    )
+    for flag, (_, kind) in GRPC_CHANNEL_FLAGS.items():
+        p.add_argument(
+            flag,
+            type=_bool if kind == "bool" else _nonneg_int,
+            default=None,
+            metavar="BOOL" if kind == "bool" else "N",
+        )
+    p.add_argument(
+        "--grpc-infer-allocation-pool-size",
+        type=_nonneg_int,
+        default=8,
+        metavar="N",
+        help="accepted for compatibility (Triton's response-buffer pool); no effect here",
+    )
+
+
+def _grpc_channel_args(ns: argparse.Namespace) -> tuple[tuple[str, int], ...]:
+    out = []
+    for flag, (arg, _) in GRPC_CHANNEL_FLAGS.items():
+        value = getattr(ns, flag[2:].replace("-", "_"))
+        if value is not None:
+            out.append((arg, int(value)))
+    return tuple(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,6 +221,11 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
     if loads and ns.model_control_mode != ControlMode.EXPLICIT:
         parser.error("--load-model requires --model-control-mode=explicit")
     disable_ac = ns.disable_auto_complete_config or bool(ns.strict_model_config)
+    if ns.grpc_edge not in GrpcEdge.ALL:
+        parser.error(
+            f"SLUICE_GRPC_EDGE / --grpc-edge: expected one of {', '.join(GrpcEdge.ALL)}, "
+            f"got '{ns.grpc_edge}'"
+        )
     return ServerConfig(
         model_repositories=tuple(Path(p) for p in ns.model_repository),
         control_mode=ns.model_control_mode,
@@ -179,6 +248,9 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         log_verbose=ns.log_verbose,
         exit_on_error=ns.exit_on_error,
         backend_config=_backend_config(ns.backend_config, parser),
+        grpc_edge=ns.grpc_edge,
+        grpc_channel_args=_grpc_channel_args(ns),
+        grpc_infer_allocation_pool_size=ns.grpc_infer_allocation_pool_size,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ServerConfig", "ControlMode"]
+__all__ = ["ServerConfig", "ControlMode", "GrpcEdge"]
 
 
 class ControlMode:
@@ -16,6 +16,15 @@ class ControlMode:
     EXPLICIT = "explicit"
     POLL = "poll"
     ALL = (NONE, EXPLICIT, POLL)
+
+
+class GrpcEdge:
+    """Which gRPC edge serves: the native one (gRPC C++), grpc.aio, or native when built."""
+
+    AUTO = "auto"
+    NATIVE = "native"
+    AIO = "aio"
+    ALL = (AUTO, NATIVE, AIO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +50,8 @@ class ServerConfig:
     log_verbose: int = 0
     exit_on_error: bool = True
     backend_config: tuple[tuple[str, str, str], ...] = ()
+    grpc_edge: str = GrpcEdge.AUTO
+    # gRPC channel arguments from tritonserver's --grpc-* flags (keepalive, connection age),
+    # applied by whichever edge serves; only the flags given on the command line.
+    grpc_channel_args: tuple[tuple[str, int], ...] = ()
+    grpc_infer_allocation_pool_size: int = 8

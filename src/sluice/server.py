@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from .config import ServerConfig
+from .config import GrpcEdge, ServerConfig
 from .errors import ServerError
 from .repository.manager import ModelManager
 from .service import InferenceService
@@ -44,12 +44,43 @@ class Server:
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def _start_frontends(self) -> None:
+    async def _start_grpc(self) -> None:
+        """The native edge where it is built (or asked for), else grpc.aio; logs which and
+        why."""
+        from .frontends import grpc_edge
         from .frontends.grpc_api import start_grpc_server
+
+        cfg = self.config
+        options = list(cfg.grpc_channel_args)
+        native = grpc_edge.native_edge()
+        if cfg.grpc_edge == GrpcEdge.AIO:
+            why = "--grpc-edge=aio"
+        elif native is None:
+            if cfg.grpc_edge == GrpcEdge.NATIVE:
+                raise ServerError(
+                    f"--grpc-edge=native: the native gRPC edge is not available: "
+                    f"{grpc_edge.IMPORT_ERROR}"
+                )
+            why = f"native edge not available: {grpc_edge.IMPORT_ERROR}"
+        else:
+            self._grpc, self.grpc_port = await grpc_edge.start_native_grpc_server(
+                self.service, cfg.grpc_address, cfg.grpc_port, options=options
+            )
+            log.info("gRPC edge: native (%s, --grpc-edge=%s)", native, cfg.grpc_edge)
+            return
+        self._grpc, self.grpc_port = await start_grpc_server(
+            self.service, cfg.grpc_address, cfg.grpc_port, options=options
+        )
+        log.info("gRPC edge: grpc.aio (%s)", why)
+
+    async def _start_frontends(self) -> None:
+        from .frontends.grpc_edge import tune_malloc
         from .frontends.http_api import HttpFrontend, start_http_server
         from .frontends.metrics_api import metrics_app
 
         cfg = self.config
+        if not tune_malloc():  # large tensors: see tune_malloc
+            log.debug("malloc not tuned (not glibc)")
         if cfg.allow_http:
             self._http, task, self.http_port = await start_http_server(
                 HttpFrontend(self.service),
@@ -59,9 +90,7 @@ class Server:
             )
             self._tasks.append(task)
         if cfg.allow_grpc:
-            self._grpc, self.grpc_port = await start_grpc_server(
-                self.service, cfg.grpc_address, cfg.grpc_port
-            )
+            await self._start_grpc()
         if cfg.allow_metrics:
             self._metrics, task, self.metrics_port = await start_http_server(
                 metrics_app(self.manager, cfg.allow_cpu_metrics),

@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -98,8 +99,11 @@ class Serving:
         return NotFound(f"Request for unknown model: '{name}' is not found")
 
     # ------------------------------------------------------------------ infer
-    def _admit(self, request: InferRequest) -> tuple[ServingVersion, int, tuple[Any, ...]]:
-        sv = self.get(request.model_name, request.model_version)
+    def _admit(
+        self, request: InferRequest, sv: ServingVersion | None = None
+    ) -> tuple[ServingVersion, int, tuple[Any, ...]]:
+        if sv is None:
+            sv = self.get(request.model_name, request.model_version)
         try:
             batch, key = check_request(request, sv)
         except InvalidArgument as exc:
@@ -114,10 +118,11 @@ class Serving:
         decoupled model (Triton: "HTTP end point doesn't support ..."); ``single`` accepts a
         decoupled model that answers exactly one response."""
         arrival = request.arrival_ns or time.monotonic_ns()
-        sv, batch, key = self._admit(request)
+        sv = self.get(request.model_name, request.model_version)
+        if sv.decoupled and not single:  # refused before validation, as Triton
+            raise Unsupported(f"{protocol or 'this call'} {DECOUPLED_REFUSED}")
+        sv, batch, key = self._admit(request, sv)
         if sv.decoupled:
-            if not single:
-                raise Unsupported(f"{protocol or 'this call'} {DECOUPLED_REFUSED}")
             responses = [r async for r in self._stream(sv, request, batch, key, arrival)]
             data = [r for r in responses if r.outputs or not r.final]
             if len(data) != 1:
@@ -157,11 +162,13 @@ class Serving:
         request.responses = queue
         done = False
         failed = False
+        # Responses flow while execute() runs; the submission only matters if it fails.
+        submit = asyncio.ensure_future(self._submit(sv, request, batch, key, arrival))
+        submit.add_done_callback(functools.partial(_fail_into, queue))
         try:
-            await self._submit(sv, request, batch, key, arrival)  # execute() returned
             while True:
                 item = await queue.get()
-                if isinstance(item, ServerError):  # the stream broke (e.g. the worker died)
+                if isinstance(item, BaseException):  # the stream broke (e.g. the worker died)
                     sv.stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
                     done = True
                     raise item
@@ -187,6 +194,8 @@ class Serving:
                 request.cancelled = True
                 if request.on_cancel is not None:
                     request.on_cancel()
+                if not submit.done():
+                    submit.cancel()  # still queued: it leaves the queue
 
     async def _submit(
         self,
@@ -236,6 +245,12 @@ class Serving:
         for out_name, arr in response.outputs.items():
             if out_name not in dts:
                 dts[out_name] = _datatype_of(out_name, arr, sv)
+
+
+def _fail_into(queue: asyncio.Queue[Any], submit: asyncio.Future[Any]) -> None:
+    """A decoupled request whose execution failed (or never started) ends its stream."""
+    if not submit.cancelled() and submit.exception() is not None:
+        queue.put_nowait(submit.exception())
 
 
 def _datatype_of(name: str, arr: np.ndarray, sv: ServingVersion) -> str:

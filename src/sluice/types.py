@@ -42,7 +42,7 @@ class InferRequest:
     responses: asyncio.Queue[Any] | None = None
     # The caller went away (stream closed, client disconnected): the model's is_cancelled().
     cancelled: bool = False
-    on_cancel: Callable[[], None] | None = None
+    on_cancel: Callable[[], object] | None = None
     # BLS: the models whose execute() is waiting on this request (a call cycle is refused).
     callers: tuple[str, ...] = ()
 

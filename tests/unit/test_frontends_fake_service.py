@@ -11,7 +11,7 @@ import json
 import queue
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from sluice.errors import InvalidArgument, NotFound, Unavailable
 from sluice.frontends.grpc_api import start_grpc_server
+from sluice.frontends.grpc_edge import native_edge, start_native_grpc_server
 from sluice.frontends.http_api import HttpFrontend, start_http_server
 from sluice.service import InferenceService
 from sluice.types import InferRequest, InferResponse
@@ -80,7 +81,9 @@ class ToyService(InferenceService):
             cfg.output.add(name=n, data_type=mc.TYPE_FP32, dims=[4])
         return cfg
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, *, protocol: str = "", single: bool = False
+    ) -> InferResponse:
         self._known(request.model_name)
         if request.model_name == "fail":
             raise InvalidArgument("input 'INPUT0': the toy says no")
@@ -97,6 +100,9 @@ class ToyService(InferenceService):
             outputs=outs,
             output_datatypes=dict.fromkeys(outs, "FP32"),
         )
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        yield await self.infer(request)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = [
@@ -160,7 +166,8 @@ class ToyService(InferenceService):
 
 
 class Servers:
-    def __init__(self) -> None:
+    def __init__(self, grpc_edge: str = "aio") -> None:
+        self.grpc_edge = grpc_edge
         self.service = ToyService()
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -174,7 +181,10 @@ class Servers:
         self.http, self.http_task, hport = await start_http_server(
             HttpFrontend(self.service), "127.0.0.1", 0
         )
-        self.grpc, gport = await start_grpc_server(self.service, "127.0.0.1", 0)
+        if self.grpc_edge == "native":
+            self.grpc, gport = await start_native_grpc_server(self.service, "127.0.0.1", 0)
+        else:
+            self.grpc, gport = await start_grpc_server(self.service, "127.0.0.1", 0)
         return hport, gport
 
     async def _stop(self) -> None:
@@ -189,9 +199,19 @@ class Servers:
         self.loop.close()
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[Servers]:
-    s = Servers()
+@pytest.fixture(
+    scope="module",
+    params=[
+        "aio",
+        pytest.param(
+            "native",
+            marks=pytest.mark.skipif(native_edge() is None, reason="native gRPC edge not built"),
+        ),
+    ],
+)
+def servers(request: pytest.FixtureRequest) -> Iterator[Servers]:
+    """Both gRPC edges serve the same handlers: every test runs against each."""
+    s = Servers(request.param)
     try:
         yield s
     finally:

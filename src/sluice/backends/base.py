@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -43,6 +43,8 @@ class ModelSpec:
     repository: Path  # the repository root holding model_dir
     # --backend-config settings for this model's backend (global ones included)
     settings: dict[str, str] = field(default_factory=dict)
+    # serving.Serving, for backends whose models call other models (python BLS)
+    serving: Any = field(default=None, compare=False)
 
 
 @dataclass(slots=True)

@@ -1,10 +1,13 @@
-"""KServe v2 / Triton gRPC front-end: a ``grpc.aio`` servicer over ``InferenceService``.
+"""KServe v2 / Triton gRPC front-end: the handlers, and the ``grpc.aio`` edge over them.
 
 Rules of this file:
 - Translate only: decode with ``protocol.grpc_codec``, call the service, encode.
-- Errors are mapped once, by the ``_rpc`` decorator (``frontends.errors.grpc_error`` then
-  ``context.abort``); handlers contain no try/except. The stream RPC is the one exception by
-  nature: an error answers that request with ``error_message`` and the stream stays open.
+- ``GrpcHandlers`` is the whole gRPC API as plain coroutines (request message in, response
+  message out; errors raise). Both edges serve these same handlers: the native edge
+  (``frontends.grpc_edge``, gRPC C++) and the ``grpc.aio`` servicer below (the fallback).
+- Errors are mapped once per edge with ``frontends.errors.grpc_error``; handlers contain no
+  try/except. The stream RPC is the one exception by nature: an error answers that request
+  with ``error_message`` and the stream stays open (``GrpcHandlers.stream``).
 - Stream requests run concurrently (as in Triton); each response carries its request's id.
 
 Usage::
@@ -17,215 +20,242 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from ..errors import ServerError, Status
+from ..errors import ServerError, Status, Unsupported
 from ..protocol import grpc_codec as codec
 from ..service import InferenceService
 from .errors import grpc_error
 
-__all__ = ["GrpcFrontend", "start_grpc_server", "MAX_MESSAGE_BYTES"]
+__all__ = [
+    "GrpcHandlers",
+    "GrpcFrontend",
+    "start_grpc_server",
+    "MAX_MESSAGE_BYTES",
+    "SERVICE_NAME",
+    "STREAM_METHOD",
+    "unary_methods",
+]
 
 MAX_MESSAGE_BYTES = 2**31 - 1
+SERVICE_NAME = "inference.GRPCInferenceService"
+STREAM_METHOD = "ModelStreamInfer"
 
-_Req = TypeVar("_Req")
-_Resp = TypeVar("_Resp")
-_Handler = Callable[[Any, _Req, grpc.aio.ServicerContext], Awaitable[_Resp]]
+_UnaryHandler = Callable[[Any], Awaitable[Message]]
 
-
-def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
-    """Map any exception raised by a unary handler to a gRPC status, once."""
-    where = fn.__name__
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: _Req, context: grpc.aio.ServicerContext) -> _Resp:
-        try:
-            return await fn(self, request, context)
-        except Exception as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            code, message = grpc_error(exc, where)
-            await context.abort(code, message)
-            raise  # unreachable: abort raises
-
-    return wrapper
+_UNSUPPORTED = {
+    "SystemSharedMemoryStatus": "system shared memory",
+    "SystemSharedMemoryRegister": "system shared memory",
+    "SystemSharedMemoryUnregister": "system shared memory",
+    "CudaSharedMemoryStatus": "CUDA shared memory",
+    "CudaSharedMemoryRegister": "CUDA shared memory",
+    "CudaSharedMemoryUnregister": "CUDA shared memory",
+    "TraceSetting": "the trace extension",
+    "LogSettings": "the logging extension",
+}
 
 
-class _Unimplemented:
-    """Triton extensions this server does not implement answer UNIMPLEMENTED by name."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        what = self.what
-
-        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server"
-            )
-
-        return handler
+def _stream_error(msg: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
+    _, message = grpc_error(exc, STREAM_METHOD)
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            model_name=msg.model_name, model_version=msg.model_version, id=msg.id
+        ),
+    )
 
 
-_END = object()
-
-
-class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
-    """GRPCInferenceService over ``service``."""
+class GrpcHandlers:
+    """GRPCInferenceService over ``service``, transport-neutral: each unary method takes its
+    request message and returns its response message, raising on error."""
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
 
     # --- health / metadata --------------------------------------------------
-    @_rpc
-    async def ServerLive(
-        self, request: pb.ServerLiveRequest, context: Any
-    ) -> pb.ServerLiveResponse:
+    async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.service.live())
 
-    @_rpc
-    async def ServerReady(
-        self, request: pb.ServerReadyRequest, context: Any
-    ) -> pb.ServerReadyResponse:
+    async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.service.ready())
 
-    @_rpc
-    async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest, context: Any
-    ) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
         return codec.server_metadata_response(self.service.server_metadata())
 
-    @_rpc
-    async def ModelReady(
-        self, request: pb.ModelReadyRequest, context: Any
-    ) -> pb.ModelReadyResponse:
+    async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
 
-    @_rpc
-    async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: Any
-    ) -> pb.ModelMetadataResponse:
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         return codec.model_metadata_response(
             self.service.model_metadata(request.name, request.version)
         )
 
-    @_rpc
-    async def ModelConfig(
-        self, request: pb.ModelConfigRequest, context: Any
-    ) -> pb.ModelConfigResponse:
+    async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
         return codec.model_config_response(self.service.model_config(request.name, request.version))
 
-    @_rpc
     async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: Any
+        self, request: pb.ModelStatisticsRequest
     ) -> pb.ModelStatisticsResponse:
         return codec.model_statistics_response(
             self.service.model_statistics(request.name, request.version)
         )
 
     # --- inference ----------------------------------------------------------
-    @_rpc
-    async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: Any
-    ) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         req = codec.decode_infer_request(request)
-        return codec.encode_infer_response(await self.service.infer(req), req)
+        response = await self.service.infer(req, protocol="ModelInfer RPC")
+        return codec.encode_infer_response(response, req)
 
-    async def _stream_one(self, msg: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    async def stream(
+        self, msg: pb.ModelInferRequest
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        """The responses to one request of ``ModelStreamInfer``: one for a plain model, 0..N
+        for a decoupled one (in order). An error answers in ``error_message`` and the stream
+        stays open. As Triton: with the request parameter
+        ``triton_enable_empty_final_response`` every response carries
+        ``triton_final_response`` and a decoupled model's empty final response is sent;
+        without it, that empty response is not."""
         try:
             req = codec.decode_infer_request(msg)
-            resp = codec.encode_infer_response(await self.service.infer(req), req)
-            return pb.ModelStreamInferResponse(infer_response=resp)
+            flag = req.parameters.get("triton_enable_empty_final_response", False)
+            async for resp in self.service.infer_stream(req):
+                if resp.error is not None:
+                    yield _stream_error(msg, resp.error)
+                    continue
+                if flag:
+                    resp.parameters["triton_final_response"] = resp.final
+                elif resp.final and not resp.outputs and not resp.parameters:
+                    continue  # the empty final response of a decoupled model
+                out = codec.encode_infer_response(resp, req)
+                yield pb.ModelStreamInferResponse(infer_response=out)
         except Exception as exc:
-            _, message = grpc_error(exc, "ModelStreamInfer")
-            return pb.ModelStreamInferResponse(
-                error_message=message,
-                infer_response=pb.ModelInferResponse(
-                    model_name=msg.model_name, model_version=msg.model_version, id=msg.id
-                ),
-            )
-
-    async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request is answered by one response (error in ``error_message``); requests
-        run concurrently, so responses may come back in a different order (match on id)."""
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue[Any] = asyncio.Queue()
-        running: set[asyncio.Task[Any]] = set()
-
-        def _done(task: asyncio.Task[Any]) -> None:
-            running.discard(task)
-            if not task.cancelled():
-                out.put_nowait(task.result())
-
-        async def _reader() -> None:
-            try:
-                async for msg in request_iterator:
-                    task = loop.create_task(self._stream_one(msg))
-                    running.add(task)
-                    task.add_done_callback(_done)
-                while running:
-                    await asyncio.wait(set(running))
-            finally:
-                out.put_nowait(_END)
-
-        reader = loop.create_task(_reader())
-        try:
-            while True:
-                item = await out.get()
-                if item is _END:
-                    break
-                yield item
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
+            yield _stream_error(msg, exc)
 
     # --- repository ---------------------------------------------------------
-    @_rpc
     async def RepositoryIndex(
-        self, request: pb.RepositoryIndexRequest, context: Any
+        self, request: pb.RepositoryIndexRequest
     ) -> pb.RepositoryIndexResponse:
         return codec.repository_index_response(
             self.service.repository_index(ready_only=request.ready)
         )
 
-    @_rpc
     async def RepositoryModelLoad(
-        self, request: pb.RepositoryModelLoadRequest, context: Any
+        self, request: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
         params = codec.repository_params_to_dict(request.parameters) if request.parameters else None
         await self.service.load_model(request.model_name, params)
         return pb.RepositoryModelLoadResponse()
 
-    @_rpc
     async def RepositoryModelUnload(
-        self, request: pb.RepositoryModelUnloadRequest, context: Any
+        self, request: pb.RepositoryModelUnloadRequest
     ) -> pb.RepositoryModelUnloadResponse:
         params = codec.repository_params_to_dict(request.parameters) if request.parameters else None
         await self.service.unload_model(request.model_name, params)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- not implemented ----------------------------------------------------
-    SystemSharedMemoryStatus = _Unimplemented("system shared memory")
-    SystemSharedMemoryRegister = _Unimplemented("system shared memory")
-    SystemSharedMemoryUnregister = _Unimplemented("system shared memory")
-    CudaSharedMemoryStatus = _Unimplemented("CUDA shared memory")
-    CudaSharedMemoryRegister = _Unimplemented("CUDA shared memory")
-    CudaSharedMemoryUnregister = _Unimplemented("CUDA shared memory")
-    TraceSetting = _Unimplemented("the trace extension")
-    LogSettings = _Unimplemented("the logging extension")
+    # --- not implemented: UNIMPLEMENTED, by name ----------------------------
+    def unsupported(self, name: str) -> _UnaryHandler:
+        what = _UNSUPPORTED[name]
+
+        async def handler(request: Any) -> Message:
+            raise Unsupported(f"{what} is not supported by this server")
+
+        return handler
+
+
+def unary_methods(handlers: GrpcHandlers) -> dict[str, tuple[type[Message], _UnaryHandler]]:
+    """Every unary method of the service by name: ``(request class, handler)``."""
+    out: dict[str, tuple[type[Message], _UnaryHandler]] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        if method.name == STREAM_METHOD:
+            continue
+        request_cls = getattr(pb, method.input_type.name)
+        if method.name in _UNSUPPORTED:
+            out[method.name] = (request_cls, handlers.unsupported(method.name))
+        else:
+            out[method.name] = (request_cls, getattr(handlers, method.name))
+    return out
+
+
+_END = object()
+
+
+async def stream_responses(
+    handlers: GrpcHandlers, requests: AsyncIterator[pb.ModelInferRequest]
+) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+    """``ModelStreamInfer`` for the aio edge: each request is answered by its responses (see
+    ``GrpcHandlers.stream``); requests run concurrently, so responses of different requests
+    may interleave (match on id); those of one request keep their order."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue[Any] = asyncio.Queue()
+    running: set[asyncio.Task[Any]] = set()
+
+    async def _one(msg: pb.ModelInferRequest) -> None:
+        async for response in handlers.stream(msg):
+            out.put_nowait(response)
+
+    async def _reader() -> None:
+        try:
+            async for msg in requests:
+                task = loop.create_task(_one(msg))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            while running:
+                await asyncio.wait(set(running))
+        finally:
+            out.put_nowait(_END)
+
+    reader = loop.create_task(_reader())
+    try:
+        while True:
+            item = await out.get()
+            if item is _END:
+                break
+            yield item
+    finally:
+        reader.cancel()
+        for task in list(running):
+            task.cancel()
+
+
+def _aio_unary(name: str, handler: _UnaryHandler) -> Callable[..., Awaitable[Message]]:
+    """The aio edge's error mapping, once: any exception -> ``grpc_error`` -> abort."""
+
+    async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            return await handler(request)
+        except Exception as exc:
+            code, message = grpc_error(exc, name)
+            await context.abort(code, message)
+            raise  # unreachable: abort raises
+
+    method.__name__ = name
+    return method
+
+
+class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
+    """The ``grpc.aio`` servicer: every method delegates to ``GrpcHandlers``."""
+
+    def __init__(self, service: InferenceService, handlers: GrpcHandlers | None = None) -> None:
+        self.service = service
+        self.handlers = handlers or GrpcHandlers(service)
+        for name, (_, handler) in unary_methods(self.handlers).items():
+            setattr(self, name, _aio_unary(name, handler).__get__(self))
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        # an async generator function itself: grpc.aio checks for one
+        async with contextlib.aclosing(stream_responses(self.handlers, request_iterator)) as it:
+            async for response in it:
+                yield response
 
 
 async def start_grpc_server(
@@ -235,11 +265,13 @@ async def start_grpc_server(
     *,
     reuse_port: bool = False,
     options: list[tuple[str, Any]] | None = None,
+    handlers: GrpcHandlers | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Create, bind and start a grpc.aio server for ``service``; returns ``(server,
     bound_port)`` (port 0 = any free port). Message limits are raised to 2 GiB - 1 so large
     tensors work. ``reuse_port`` turns on SO_REUSEPORT (several serving processes on one
-    port); off by default so a port clash is an error. Stop with ``await server.stop(grace)``.
+    port); off by default so a port clash is an error. ``options`` are channel arguments
+    (keepalive, connection age, ...). Stop with ``await server.stop(grace)``.
     """
     opts: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -249,7 +281,7 @@ async def start_grpc_server(
     if options:
         opts.extend(options)
     server = grpc.aio.server(options=opts)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcFrontend(service), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcFrontend(service, handlers), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

@@ -27,16 +27,22 @@ import gzip
 import json
 import socket
 import zlib
-from collections.abc import Awaitable, Callable, Generator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
 from typing import Any
 from urllib.parse import unquote
 
 import uvicorn
 
 from ..errors import InvalidArgument, ServerError, Status, Unsupported
+from ..protocol.generate_codec import (
+    decode_generate_request,
+    encode_generate_response,
+    sse_event,
+)
 from ..protocol.http_codec import decode_infer_request, encode_infer_response
 from ..repository.model_config import config_to_json_dict
 from ..service import InferenceService
+from ..types import InferResponse
 from .errors import http_error
 
 __all__ = ["HttpFrontend", "make_http_server", "start_http_server"]
@@ -54,7 +60,16 @@ _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 # Triton extensions this server answers with 501 rather than 404.
 _UNSUPPORTED_ROOTS = {b"systemsharedmemory", b"cudasharedmemory", b"trace", b"logging"}
-_UNSUPPORTED_MODEL_ACTIONS = {b"trace", b"generate", b"generate_stream"}
+_UNSUPPORTED_MODEL_ACTIONS = {b"trace"}
+_SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class _Stream(Exception):
+    """Not an error: the answer is a stream of server-sent events (``generate_stream``);
+    raised with the events so that ``__call__`` sends them as they come."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
 
 
 class _Disconnected(Exception):
@@ -64,6 +79,25 @@ class _Disconnected(Exception):
 class _MethodNotAllowed(Exception):
     def __init__(self, allowed: str) -> None:
         self.allowed = allowed
+
+
+async def _events(
+    first: InferResponse | None, rest: AsyncIterator[InferResponse]
+) -> AsyncIterator[bytes]:
+    """``generate_stream``'s events: one per response with data (a decoupled model's empty
+    final response sends none); an error mid-stream is an event ``{"error": ...}``."""
+    try:
+        item = first
+        while item is not None:
+            if item.error is not None:
+                yield sse_event({"error": str(item.error)})
+            elif item.outputs or not item.final:
+                yield sse_event(encode_generate_response(item))
+            item = await anext(rest, None)
+    except ServerError as exc:
+        yield sse_event({"error": str(exc)})
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 def _json(obj: Any, status: int = 200) -> Result:
@@ -186,6 +220,9 @@ class HttpFrontend:
                 status, body, headers = await self._dispatch(scope, receive, parts)
         except _Disconnected:
             return
+        except _Stream as stream:
+            await self._send_events(send, stream.events)
+            return
         except _MethodNotAllowed as exc:
             status, body, headers = _error(
                 405, f"method {scope['method']} is not allowed on {scope['path']}"
@@ -202,6 +239,31 @@ class HttpFrontend:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    async def _send_events(send: Send, events: AsyncIterator[bytes]) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
+            async for event in events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _generate(self, receive: Receive, name: str, version: str, stream: bool) -> Result:
+        body = await _read_body(receive)
+        meta = self.service.model_metadata(name, version)
+        request = decode_generate_request(body, name, version, meta["inputs"])
+        if not stream:
+            response = await self.service.infer(request, single=True)
+            return _json(encode_generate_response(response))
+        responses = self.service.infer_stream(request)
+        try:  # errors before the first response are a plain error answer, as Triton
+            first = await anext(responses)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await responses.aclose()  # type: ignore[attr-defined]
+            raise
+        raise _Stream(_events(first, responses))
 
     async def _dispatch(self, scope: Scope, receive: Receive, parts: list[bytes]) -> Result:
         n = len(parts)
@@ -286,6 +348,9 @@ class HttpFrontend:
             if action == b"stats":
                 _only(method, "GET", "POST")
                 return _json(self.service.model_statistics(name, version))
+            if action in (b"generate", b"generate_stream"):
+                _only(method, "POST")
+                return await self._generate(receive, name, version, action != b"generate")
             if action in _UNSUPPORTED_MODEL_ACTIONS:
                 return _error(
                     501, f"the {action.decode()} extension is not supported by this server"
@@ -309,7 +374,7 @@ class HttpFrontend:
             elif key == b"accept-encoding":
                 accept = value
         request = decode_infer_request(body, model, version, header_length)
-        response = await self.service.infer(request)
+        response = await self.service.infer(request, protocol="HTTP end point")
         out, headers = encode_infer_response(response, request)
         if accept is not None:
             enc = _accepted_encoding(accept)

@@ -375,7 +375,14 @@ class ModelManager:
         try:
             for v in selected:
                 spec = ModelSpec(
-                    name, v, model_dir, model_dir / str(v), config, model_dir.parent, settings
+                    name,
+                    v,
+                    model_dir,
+                    model_dir / str(v),
+                    config,
+                    model_dir.parent,
+                    settings,
+                    serving=self.serving,
                 )
                 fname = config.default_model_filename or (
                     backend.default_model_filename() if backend else ""

@@ -132,6 +132,7 @@ class Scheduler:
         self._queues[level].append(job)
         self._queued += 1
         self.stats.pending += 1
+        fut.add_done_callback(self._withdraw_if_cancelled)
         if not self._dispatch_soon:
             # Dispatch once at the end of this loop iteration, so that requests arriving
             # together (e.g. clients answered by the previous batch) form one batch rather
@@ -139,6 +140,21 @@ class Scheduler:
             self._dispatch_soon = True
             self._loop.call_soon(self._deferred_dispatch)
         return fut
+
+    def _withdraw_if_cancelled(self, fut: asyncio.Future[InferResponse]) -> None:
+        """A cancelled request (its client went away, its deadline passed) leaves its queue
+        at once: it is never executed and no longer counts as pending. One already taken
+        into a batch runs to the end; its result is dropped."""
+        if not fut.cancelled():
+            return
+        for q in self._queues:
+            for i, job in enumerate(q):
+                if job.future is fut:
+                    del q[i]
+                    self._queued -= 1
+                    self.stats.pending -= 1
+                    self._maybe_idle()
+                    return
 
     def _deferred_dispatch(self) -> None:
         self._dispatch_soon = False

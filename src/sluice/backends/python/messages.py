@@ -29,6 +29,11 @@ __all__ = [
     "ExecuteReply",
     "Stopped",
     "AutoCompleteReply",
+    "Respond",
+    "BlsCall",
+    "BlsReply",
+    "Cancel",
+    "Payload",
     "Message",
     "encode",
     "decode",
@@ -44,6 +49,11 @@ RequestRef = tuple[str, tuple[TensorRef, ...], tuple[str, ...], str]
 # error message and the code is a pb_utils.TritonError code.
 ResultRef = tuple[int, Any]
 OK = -1
+# Tensors of the side channel (decoupled responses, BLS calls and replies), which may be in
+# flight several at a time: (segment, refs, inline). Small tensors ride in ``inline`` (refs
+# are offsets into it); larger ones are in a one-shot segment named ``segment`` that the
+# receiver maps and unlinks (see shm.pack / shm.unpack).
+Payload = tuple[str, tuple[TensorRef, ...], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,25 @@ class Stop:
     id: int
 
 
+@dataclass(frozen=True, slots=True)
+class BlsReply:
+    """A response to ``BlsCall`` ``id`` (a decoupled call gets several; the last is final)."""
+
+    id: int
+    outputs: Payload
+    error: str  # "" = none
+    final: bool
+    parameters: str  # JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The client of request ``index`` of execution ``id`` went away."""
+
+    id: int
+    index: int
+
+
 # worker -> parent
 
 
@@ -102,6 +131,7 @@ class ExecuteReply:
     compute_input_ns: int
     compute_infer_ns: int
     compute_output_ns: int
+    parameters: tuple[str, ...] = ()  # per request, JSON; empty when no model set any
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +140,51 @@ class Stopped:
 
 
 @dataclass(frozen=True, slots=True)
+class Respond:
+    """A decoupled model's response to request ``index`` of execution ``id``."""
+
+    id: int
+    index: int
+    outputs: Payload
+    error: tuple[int, str] | None  # (pb_utils.TritonError code, message)
+    final: bool
+    parameters: str  # JSON
+
+
+@dataclass(frozen=True, slots=True)
+class BlsCall:
+    """``InferenceRequest.exec()`` in a model: run a request on any loaded model."""
+
+    id: int
+    model: str
+    version: str
+    inputs: Payload
+    outputs: tuple[str, ...]
+    request_id: str
+    parameters: str  # JSON
+    timeout_us: int
+    decoupled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class AutoCompleteReply:
     id: int
     config_json: str
 
 
-Message = Execute | Stop | Ready | InitFailed | ExecuteReply | Stopped | AutoCompleteReply
+Message = (
+    Execute
+    | Stop
+    | Ready
+    | InitFailed
+    | ExecuteReply
+    | Stopped
+    | AutoCompleteReply
+    | Respond
+    | BlsCall
+    | BlsReply
+    | Cancel
+)
 
 _TAGS: dict[type, int] = {
     Execute: 1,
@@ -125,6 +194,10 @@ _TAGS: dict[type, int] = {
     ExecuteReply: 5,
     Stopped: 6,
     AutoCompleteReply: 7,
+    Respond: 8,
+    BlsCall: 9,
+    BlsReply: 10,
+    Cancel: 11,
 }
 _CLASSES: dict[int, type] = {v: k for k, v in _TAGS.items()}
 _dumps = pickle.dumps
@@ -145,6 +218,7 @@ def encode(msg: Message) -> bytes:
                 msg.compute_input_ns,
                 msg.compute_infer_ns,
                 msg.compute_output_ns,
+                msg.parameters,
             ),
             5,
         )

@@ -11,12 +11,14 @@ Rules of this file:
 - It imports nothing from the server core: it runs inside worker processes.
 - Objects built by the worker on the hot path use the private ``_make`` constructors, which
   skip argument validation that a model-facing constructor must do.
-- Unsupported features (BLS ``exec``, decoupled response senders) raise
-  ``TritonModelException`` with a clear message instead of silently misbehaving.
+- BLS (``InferenceRequest.exec`` / ``async_exec``), response senders and cancellation call
+  back into the worker through ``_RUNTIME`` (``runtime.Runtime``), set by the worker before
+  the model is imported; outside a worker they raise ``TritonModelException``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterable
@@ -34,6 +36,7 @@ __all__ = [
     "TritonModelException",
     "ModelConfig",
     "Logger",
+    "InferenceResponseSender",
     "get_input_tensor_by_name",
     "get_output_tensor_by_name",
     "get_input_config_by_name",
@@ -55,6 +58,16 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+# The worker's runtime.Runtime (None outside a worker process).
+_RUNTIME: Any = None
+
+
+def _runtime(what: str) -> Any:
+    if _RUNTIME is None:
+        raise TritonModelException(f"{what} is only available inside a model's worker process")
+    return _RUNTIME
+
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
     "TYPE_BOOL": bool,
@@ -240,10 +253,8 @@ class Tensor:
 
 
 class InferenceRequest:
-    """One request of a batch given to ``execute``.
-
-    Models receive these; building one in a model (for BLS) works, but ``exec`` is not supported.
-    """
+    """One request of a batch given to ``execute``, or a request a model builds for BLS:
+    ``InferenceRequest(model_name="m", inputs=[...], requested_output_names=[...]).exec()``."""
 
     __slots__ = (
         "_inputs",
@@ -255,6 +266,8 @@ class InferenceRequest:
         "_flags",
         "_timeout",
         "_parameters",
+        "_ctx",
+        "_sender",
     )
 
     def __init__(
@@ -283,6 +296,8 @@ class InferenceRequest:
         elif not isinstance(parameters, str):
             parameters = json.dumps(parameters)
         self._parameters = parameters
+        self._ctx: tuple[int, int] | None = None
+        self._sender: InferenceResponseSender | None = None
 
     @classmethod
     def _make(
@@ -293,6 +308,7 @@ class InferenceRequest:
         parameters: str,
         model_name: str,
         model_version: int,
+        ctx: tuple[int, int] | None = None,
     ) -> InferenceRequest:
         r = cls.__new__(cls)
         r._request_id = request_id
@@ -301,9 +317,11 @@ class InferenceRequest:
         r._model_name = model_name
         r._model_version = model_version
         r._inputs = inputs
-        r._flags = 0
+        r._flags = -1  # from the parameters, on first use
         r._timeout = 0
         r._parameters = parameters
+        r._ctx = ctx
+        r._sender = None
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -313,6 +331,8 @@ class InferenceRequest:
         return self._request_id
 
     def correlation_id(self) -> int | str:
+        if self._flags < 0:
+            self._from_parameters()
         return self._correlation_id
 
     def requested_output_names(self) -> list[str]:
@@ -325,7 +345,19 @@ class InferenceRequest:
         return self._model_version
 
     def flags(self) -> int:
+        """``TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`` / ``_END`` bits of the request."""
+        if self._flags < 0:
+            self._from_parameters()
         return self._flags
+
+    def _from_parameters(self) -> None:
+        # A request given to execute() learns its sequence flags and correlation id from the
+        # request parameters (sequence_id, sequence_start, sequence_end) on first use.
+        params = json.loads(self._parameters) if self._parameters != "{}" else {}
+        self._correlation_id = params.get("sequence_id", 0)
+        self._flags = (
+            TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0
+        ) | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
 
     def timeout(self) -> int:
         return self._timeout
@@ -335,27 +367,70 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client of this request went away (stream closed, disconnected)."""
+        return self._ctx is not None and _runtime("is_cancelled").is_cancelled(self._ctx)
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "decoupled models (response senders) are not supported by sluice"
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender for this request's responses (decoupled models: any number, then
+        ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; others: exactly one)."""
+        if self._ctx is None:
+            raise TritonModelException("only a request given to execute() has a response sender")
+        if self._sender is None:
+            self._sender = InferenceResponseSender(self)
+        return self._sender
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` (BLS) and wait: an ``InferenceResponse`` (check
+        ``has_error()``), or with ``decoupled=True`` an iterator of them (the last one final)."""
+        if not self._model_name:
+            raise TritonModelException("InferenceRequest.exec: 'model_name' is required")
+        return _runtime("InferenceRequest.exec").exec(self, decoupled)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` for ``async def execute``: other coroutines run while this one waits."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.exec, decoupled)
+
+
+class InferenceResponseSender:
+    """``request.get_response_sender()``: ``send(response=None, flags=0)``."""
+
+    __slots__ = ("_request", "_closed")
+
+    def __init__(self, request: InferenceRequest) -> None:
+        self._request = request
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException("send() expects an InferenceResponse or None")
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._closed = True
+        elif response is None:
+            raise TritonModelException(
+                "send() needs a response unless flags has TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+            )
+        req = self._request
+        _runtime("InferenceResponseSender.send").respond(
+            req._ctx, response, flags, req._requested_output_names
         )
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by sluice")
-
-    def async_exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported by sluice")
+    def is_cancelled(self) -> bool:
+        return self._request.is_cancelled()
 
 
 class InferenceResponse:
-    """``InferenceResponse(output_tensors=[...], error=None)``."""
+    """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``."""
 
-    __slots__ = ("_output_tensors", "_error")
+    __slots__ = ("_output_tensors", "_error", "_parameters")
 
     def __init__(
-        self, output_tensors: list[Tensor] | tuple[Tensor, ...] | None = None, error: Any = None
+        self,
+        output_tensors: list[Tensor] | tuple[Tensor, ...] | None = None,
+        error: Any = None,
+        parameters: str | dict[str, Any] | None = None,
     ) -> None:
         if output_tensors is None:
             output_tensors = []
@@ -363,6 +438,15 @@ class InferenceResponse:
             raise TritonModelException('"output_tensors" must be a list.')
         self._output_tensors = list(output_tensors)
         self._error = error
+        if parameters is None:
+            parameters = "{}"
+        elif not isinstance(parameters, str):
+            parameters = json.dumps(parameters)
+        self._parameters = parameters
+
+    def parameters(self) -> str:
+        """The response parameters as a JSON string (as in Triton)."""
+        return self._parameters
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors

@@ -19,16 +19,19 @@ import contextlib
 import logging
 import multiprocessing as mp
 import signal
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from ...errors import ServerError, Status
 from .messages import (
     AutoCompleteReply,
+    BlsCall,
     ExecuteReply,
     InitFailed,
     Message,
     Ready,
+    Respond,
     Stop,
     WorkerSetup,
     decode,
@@ -93,6 +96,10 @@ class WorkerClient:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        # what the worker sends unasked (Respond, BlsCall), and the error that failed
+        # everything in flight (the worker died or is stopping): the instance's handlers
+        self.on_message: Callable[[Any], None] | None = None
+        self.on_failure: Callable[[ServerError], None] | None = None
 
     # ---- public -------------------------------------------------------------------------
 
@@ -242,7 +249,24 @@ class WorkerClient:
             return
         self._dispatch(decode(data))
 
+    def post(self, msg: Any) -> bool:
+        """Send a message that expects no reply (Cancel, BlsReply); False if the worker is
+        not running."""
+        child = self._child
+        if child is None or not child.ready:
+            return False
+        try:
+            child.tx.send_bytes(encode(msg))
+        except OSError:
+            return False
+        return True
+
     def _dispatch(self, msg: Message) -> None:
+        kind = type(msg)
+        if kind is Respond or kind is BlsCall:  # the worker asks, not answers
+            if self.on_message is not None:
+                self.on_message(msg)
+            return
         fut = self._pending.pop(msg.id, None)
         if fut is not None and not fut.done():
             fut.set_result(msg)
@@ -312,6 +336,8 @@ class WorkerClient:
             child.tx.close()
 
     def _fail_pending(self, exc: ServerError) -> None:
+        if self.on_failure is not None:
+            self.on_failure(exc)
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():

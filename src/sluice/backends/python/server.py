@@ -27,11 +27,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
@@ -42,9 +44,10 @@ from ...repository.model_config import config_to_json_dict
 from ...types import InferRequest, InferResponse
 from ..base import ExecuteResult, ModelInstance, ModelSpec, register_backend
 from ..batching import instance_names
-from .messages import OK, Execute, RequestRef, WorkerSetup
+from .bls import BlsCalls
+from .messages import OK, Cancel, Execute, RequestRef, Respond, WorkerSetup
 from .pool import WorkerClient, run_auto_complete
-from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix
+from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
 
 __all__ = ["PythonBackend", "PythonInstance", "model_config_json"]
 
@@ -144,6 +147,19 @@ class PythonInstance:
         self._inputs = ArenaWriter(self._setup.shm_prefix, "i")
         self._outputs = ArenaReader()
         self._lock = asyncio.Lock()
+        self.worker.on_message = self._on_message
+        self.worker.on_failure = self._on_failure
+        self._decoupled = spec.config.model_transaction_policy.decoupled
+        self._calls = BlsCalls(self, spec.serving)
+        # decoupled: (execution id, request index) -> the request its responses belong to
+        self._streams: dict[tuple[int, int], InferRequest] = {}
+        # BLS: the models waiting on the batch executing now (a call back to one is a cycle)
+        self.callers: tuple[str, ...] = ()
+
+    @property
+    def shm_prefix(self) -> str:
+        """Every shared-memory segment of this instance (and its worker) starts with it."""
+        return self._setup.shm_prefix
 
     @property
     def pid(self) -> int | None:
@@ -190,16 +206,31 @@ class PythonInstance:
                 )
             )
         worker = self.worker
+        exec_id = worker.next_id()
+        name = self.spec.name
+        callers = {name}
+        for r in requests:
+            callers.update(r.callers)
+        self.callers = tuple(sorted(callers))
+        if self._decoupled:
+            self._open_streams(exec_id, requests)
         t1 = clock()
-        reply = await worker.call(Execute(worker.next_id(), self._inputs.name, tuple(wire)))
+        try:
+            reply = await worker.call(Execute(exec_id, self._inputs.name, tuple(wire)))
+        except BaseException:
+            self._close_streams(exec_id, len(requests))
+            raise
         t2 = clock()
+        if self._decoupled:  # responses come through _on_message; execute() has returned
+            return self._decoupled_result(exec_id, requests, reply, t1 - t0)
 
         if reply.arena:
             self._outputs.attach(reply.arena)
         copy = self._outputs.copy
         model_name, version = self.spec.name, self._model_version
         results: list[InferResponse | ServerError] = []
-        for r, (code, payload) in zip(requests, reply.results, strict=True):
+        params = reply.parameters
+        for i, (r, (code, payload)) in enumerate(zip(requests, reply.results, strict=True)):
             if code != OK:
                 results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
                 continue
@@ -208,7 +239,10 @@ class PythonInstance:
             for ref in payload:
                 outputs[ref[0]] = copy(ref)
                 datatypes[ref[0]] = ref[1]
-            results.append(InferResponse(model_name, version, r.id, outputs, datatypes))
+            resp = InferResponse(model_name, version, r.id, outputs, datatypes)
+            if params and params[i] != "{}":
+                resp.parameters = json.loads(params[i])
+            results.append(resp)
         t3 = clock()
         return ExecuteResult(
             results,
@@ -217,7 +251,73 @@ class PythonInstance:
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
         )
 
+    # ---- decoupled responses and BLS calls from the worker ----------------------------
+    def _open_streams(self, exec_id: int, requests: list[InferRequest]) -> None:
+        post = self.worker.post
+        for i, r in enumerate(requests):
+            self._streams[(exec_id, i)] = r
+            cancel = functools.partial(post, Cancel(exec_id, i))
+            r.on_cancel = cancel
+            if r.cancelled:  # the client left while queued: tell the worker after Execute
+                asyncio.get_running_loop().call_soon(cancel)
+
+    def _close_streams(self, exec_id: int, n: int) -> None:
+        for i in range(n):
+            self._streams.pop((exec_id, i), None)
+
+    def _decoupled_result(
+        self, exec_id: int, requests: list[InferRequest], reply: Any, prep_ns: int
+    ) -> ExecuteResult:
+        results: list[InferResponse | ServerError] = []
+        for i, (r, (code, payload)) in enumerate(zip(requests, reply.results, strict=True)):
+            if code != OK:
+                self._streams.pop((exec_id, i), None)
+                results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
+            else:  # resolves the scheduler's future; the stream goes on in r.responses
+                results.append(InferResponse(self.spec.name, self._model_version, r.id))
+        return ExecuteResult(
+            results,
+            compute_input_ns=prep_ns + reply.compute_input_ns,
+            compute_infer_ns=reply.compute_infer_ns,
+        )
+
+    def _on_message(self, msg: Any) -> None:
+        if type(msg) is Respond:
+            key = (msg.id, msg.index)
+            r = self._streams.get(key)
+            if r is None or r.responses is None:
+                unpack(msg.outputs)  # a late answer (the stream broke): free its segment
+                return
+            if msg.final:
+                del self._streams[key]
+            r.responses.put_nowait(self._stream_response(r, msg))
+        else:
+            self._calls.start(msg)
+
+    def _stream_response(self, r: InferRequest, msg: Respond) -> InferResponse:
+        outputs: dict[str, np.ndarray] = {}
+        datatypes: dict[str, str] = {}
+        for name, datatype, arr in unpack(msg.outputs):
+            outputs[name] = arr
+            datatypes[name] = datatype
+        resp = InferResponse(self.spec.name, self._model_version, r.id, outputs, datatypes)
+        resp.final = msg.final
+        if msg.parameters and msg.parameters != "{}":
+            resp.parameters = json.loads(msg.parameters)
+        if msg.error is not None:
+            code, text = msg.error
+            resp.error = ServerError(text, _STATUS_OF_CODE.get(code, Status.INTERNAL))
+        return resp
+
+    def _on_failure(self, exc: ServerError) -> None:
+        """The worker died or is stopping: every open stream ends with that error."""
+        streams, self._streams = self._streams, {}
+        for r in streams.values():
+            if r.responses is not None:
+                r.responses.put_nowait(exc)
+
     async def stop(self, grace: float | None = None) -> None:
+        await self._calls.cancel_all()
         with contextlib.suppress(BaseException):
             await self.worker.stop(grace)
         self._outputs.close()

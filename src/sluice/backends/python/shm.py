@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
+import mmap
 import os
 from collections.abc import Sequence
 from multiprocessing import resource_tracker, shared_memory
@@ -32,9 +34,12 @@ import numpy as np
 
 from ...protocol import bytes_tensor
 from ...protocol.datatypes import KSERVE_TO_NUMPY
-from .messages import TensorRef
+from .messages import Payload, TensorRef
 
 __all__ = [
+    "pack",
+    "unpack",
+    "INLINE_MAX",
     "ArenaWriter",
     "ArenaReader",
     "unlink_segment",
@@ -225,3 +230,84 @@ class ArenaReader:
             self._buf = None
             self.name = ""
         _close_retired(self._retired)
+
+
+# ------------------------------------------------------------------------ the side channel
+# Decoupled responses and BLS calls/replies may be several in flight at once, so they cannot
+# share an arena that the next message overwrites. Up to INLINE_MAX bytes of tensors ride in
+# the message itself (cheaper than any shared-memory round trip at that size); more go into a
+# one-shot segment that the receiver maps and unlinks at once.
+INLINE_MAX = 64 * 1024
+_serial = itertools.count(1)
+
+
+def pack(tensors: Sequence[tuple[str, np.ndarray, str]], prefix: str) -> Payload:
+    """``(name, array, datatype)`` tensors as a ``Payload``; a segment is named
+    ``<prefix>x<pid>_<n>`` so that ``unlink_prefix`` finds it after a crash."""
+    blobs: list[bytes | memoryview] = []
+    refs: list[TensorRef] = []
+    offset = 0
+    for name, array, datatype in tensors:
+        if datatype == "BYTES":
+            blob: bytes | memoryview = bytes_tensor.serialize(array)
+        else:
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+            blob = memoryview(array).cast("B") if array.nbytes else b""  # type: ignore[arg-type]
+        n = len(blob)
+        refs.append((name, datatype, tuple(array.shape), offset, n))
+        blobs.append(blob)
+        offset += (n + ALIGN - 1) & ~(ALIGN - 1)
+    if offset <= INLINE_MAX:
+        parts: list[bytes | memoryview] = []
+        for (_, _, _, _, n), blob in zip(refs, blobs, strict=True):
+            parts.append(blob)
+            pad = ((n + ALIGN - 1) & ~(ALIGN - 1)) - n
+            if pad:
+                parts.append(bytes(pad))
+        return ("", tuple(refs), b"".join(parts))
+    name = f"{prefix}x{os.getpid()}_{next(_serial)}"
+    unlink_segment(name)
+    seg = _open(name, create=True, size=offset)
+    try:
+        buf = seg.buf
+        assert buf is not None
+        for (_, _, _, off, n), blob in zip(refs, blobs, strict=True):
+            buf[off : off + n] = blob
+        del buf
+    finally:
+        seg.close()
+    return (name, tuple(refs), b"")
+
+
+def unpack(payload: Payload) -> list[tuple[str, str, np.ndarray]]:
+    """``(name, datatype, array)`` per tensor. Arrays of a segment are views of a private
+    mapping that lives as long as they do; the segment's name is removed at once."""
+    segment, refs, inline = payload
+    if not refs:
+        return []
+    if segment:
+        try:
+            fd = _posixshmem.shm_open("/" + segment, os.O_RDONLY, 0o600)
+        finally:
+            unlink_segment(segment)
+        try:
+            size = os.fstat(fd).st_size
+            # private and writable (copy on write): models may change what they receive
+            buf: Any = (
+                mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                if size
+                else bytearray()
+            )
+        finally:
+            os.close(fd)
+    else:
+        buf = bytearray(inline)  # writable, as arrays given to models are
+    out: list[tuple[str, str, np.ndarray]] = []
+    for name, datatype, shape, offset, nbytes in refs:
+        if datatype == "BYTES":
+            arr = bytes_tensor.deserialize(buf, None, offset, offset + nbytes).reshape(shape)
+        else:
+            arr = np.ndarray(shape, KSERVE_TO_NUMPY[datatype], buffer=buf, offset=offset)
+        out.append((name, datatype, arr))
+    return out

@@ -14,6 +14,8 @@ Rules of this file:
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import logging
 import os
 import signal
 import sys
@@ -36,29 +38,12 @@ from .messages import (
     Stopped,
     TensorRef,
     WorkerSetup,
-    decode,
     encode,
 )
+from .runtime import KSERVE_BY_CODE as _KSERVE_BY_CODE
+from .runtime import Channel, Runtime
 
 __all__ = ["worker_main", "load_pb_utils", "format_failure"]
-
-# index = Triton data type code (TYPE_INVALID=0 ... TYPE_STRING=13)
-_KSERVE_BY_CODE = (
-    "",
-    "BOOL",
-    "UINT8",
-    "UINT16",
-    "UINT32",
-    "UINT64",
-    "INT8",
-    "INT16",
-    "INT32",
-    "INT64",
-    "FP16",
-    "FP32",
-    "FP64",
-    "BYTES",
-)
 
 _PB_UTILS_FILE = Path(__file__).resolve().parent / "pb_utils.py"
 
@@ -122,6 +107,10 @@ def worker_main(rx: Connection, tx: Connection, setup: WorkerSetup) -> None:
     # The server handles Ctrl-C and stops workers in order; a stray SIGINT from the
     # terminal's process group must not kill models mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # pb_utils.Logger lines join the server's log (the worker shares its stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname).1s %(name)s] %(message)s"
+    )
     pb_utils = load_pb_utils()
     if setup.mode == "auto_complete":
         _auto_complete(tx, setup, pb_utils)
@@ -152,8 +141,11 @@ class _Worker:
     def __init__(
         self, rx: Connection, tx: Connection, setup: WorkerSetup, pb_utils: ModuleType
     ) -> None:
+        import json
+
         from .shm import ArenaReader, ArenaWriter
 
+        self.channel = Channel(rx, tx)
         self.rx = rx
         self.tx = tx
         self.setup = setup
@@ -165,6 +157,12 @@ class _Worker:
         self.orphaned = False
         # KServe datatype <-> Triton data type code (pb_utils.Tensor.triton_dtype()).
         self._code_of = {name: code for code, name in enumerate(_KSERVE_BY_CODE) if code}
+        config = json.loads(setup.config_json)
+        self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
+        self.runtime = Runtime(self.channel, pb_utils, setup.shm_prefix, self.decoupled)
+        pb_utils._RUNTIME = self.runtime  # type: ignore[attr-defined]
+        pb_utils.Logger._log = logging.getLogger(f"sluice.model.{setup.model_name}")
+        self._aloop: Any = None  # an event loop for ``async def execute``, made on first use
 
     def run(self) -> None:
         setup = self.setup
@@ -186,32 +184,41 @@ class _Worker:
                 )
         except BaseException as exc:  # noqa: BLE001 - reported to the server, then exit
             traceback.print_exc()
-            self.tx.send_bytes(encode(InitFailed(0, format_failure(exc, setup.model_file))))
+            self.channel.send(InitFailed(0, format_failure(exc, setup.model_file)))
             self._cleanup()
             return
-        self.tx.send_bytes(encode(Ready(0, os.getpid())))
+        self.channel.send(Ready(0, os.getpid()))
         try:
             self._loop()
         finally:
             self._cleanup()
 
     def _loop(self) -> None:
-        recv, send = self.rx.recv_bytes, self.tx.send_bytes
+        next_command, send = self.channel.next_command, self.channel.send
         while True:
             try:
-                data = recv()
-            except (EOFError, OSError):
+                msg = next_command()
+            except EOFError:
                 # The server is gone: nobody will send Stop. Finalize and leave.
                 self.orphaned = True
                 self._finalize()
                 return
-            msg = decode(data)
             if type(msg) is Execute:
-                send(encode(self._execute(msg)))
+                send(self._execute(msg))
             elif type(msg) is Stop:
                 self._finalize()
-                send(encode(Stopped(msg.id)))
+                send(Stopped(msg.id))
                 return
+
+    def _call_execute(self, requests: list[Any]) -> Any:
+        execute = self.model.execute
+        if inspect.iscoroutinefunction(execute):
+            if self._aloop is None:
+                import asyncio
+
+                self._aloop = asyncio.new_event_loop()
+            return self._aloop.run_until_complete(execute(requests))
+        return execute(requests)
 
     def _finalize(self) -> None:
         fin = getattr(self.model, "finalize", None)
@@ -248,21 +255,31 @@ class _Worker:
         t0 = clock()
         self.reader.attach(msg.arena)
         requests = []
-        for rid, inputs, outputs, params in msg.requests:
+        exec_id = msg.id
+        for i, (rid, inputs, outputs, params) in enumerate(msg.requests):
             tensors = [make_tensor(ref[0], view(ref), code_of[ref[1]]) for ref in inputs]
             requests.append(
-                make_request(rid, tensors, list(outputs), params, model_name, model_version)
+                make_request(
+                    rid, tensors, list(outputs), params, model_name, model_version, (exec_id, i)
+                )
             )
         t1 = clock()
         n = len(requests)
         failed: str | None = None
         responses: Any = None
         try:
-            responses = self.model.execute(requests)
+            responses = self._call_execute(requests)
         except Exception as exc:
             traceback.print_exc()
             failed = str(exc) or type(exc).__name__
         t2 = clock()
+        if self.decoupled and failed is None:
+            # responses went (or will go) through the senders; execute() returns None
+            return ExecuteReply(msg.id, "", ((OK, ()),) * n, t1 - t0, t2 - t1, 0)
+        held = self.runtime.held
+        if responses is None and held and failed is None:
+            # a non-decoupled model that answered through its response senders
+            responses = [held.pop((exec_id, i), None) for i in range(n)]
 
         results: list[ResultRef] = []
         if failed is None:
@@ -283,6 +300,7 @@ class _Worker:
 
         to_write: list[tuple[str, Any, str]] = []
         counts: list[int] = []
+        resp_params: list[str] = []  # response parameters (JSON), only when a model set any
         for req, resp in zip(requests, responses, strict=True):
             if not isinstance(resp, pb.InferenceResponse):
                 results.append(
@@ -316,6 +334,10 @@ class _Worker:
                 continue
             results.append((OK, None))
             counts.append(k)
+            if resp._parameters != "{}":
+                if not resp_params:
+                    resp_params = ["{}"] * n
+                resp_params[len(counts) - 1] = resp._parameters
 
         refs: tuple[TensorRef, ...] = ()
         if to_write:
@@ -332,5 +354,11 @@ class _Worker:
                 pos += k
         t3 = clock()
         return ExecuteReply(
-            msg.id, self.writer.name if to_write else "", tuple(results), t1 - t0, t2 - t1, t3 - t2
+            msg.id,
+            self.writer.name if to_write else "",
+            tuple(results),
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            tuple(resp_params),
         )

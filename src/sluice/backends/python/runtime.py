@@ -1,0 +1,222 @@
+"""Inside the worker process: the pipes shared by the main loop and model threads, and what
+``pb_utils`` calls back into (BLS ``exec``, response senders, cancellation).
+
+Rules of this file:
+- The main loop and any thread a model starts may need a message at the same time: the main
+  loop its next ``Execute``, a thread the reply to its BLS call. Whoever needs one reads the
+  pipe (one reader at a time, ``_rx_lock``) and files every message it reads where it belongs;
+  the others wait on ``_cond``. No extra thread, and the main loop reads its own ``Execute``
+  directly when nobody else is waiting.
+- Writes to the pipe are whole messages under ``_tx_lock`` (a model may send responses from
+  several threads).
+- Imports stay light (no numpy at import): the worker imports this before numpy's thread
+  variables are set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .messages import BlsCall, BlsReply, Cancel, Message, Respond, decode, encode
+
+__all__ = ["Channel", "Runtime", "KSERVE_BY_CODE"]
+
+# index = Triton data type code (TYPE_INVALID=0 ... TYPE_STRING=13)
+KSERVE_BY_CODE = (
+    "",
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+)
+
+
+class Channel:
+    """The worker's ends of its two pipes."""
+
+    def __init__(self, rx: Connection, tx: Connection) -> None:
+        self._rx = rx
+        self._tx = tx
+        self._tx_lock = threading.Lock()
+        self._rx_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._main: deque[Message] = deque()
+        self._replies: dict[int, deque[BlsReply]] = {}
+        self._closed = False
+        self.cancelled: set[tuple[int, int]] = set()
+
+    def send(self, msg: Any) -> None:
+        data = encode(msg)
+        with self._tx_lock:
+            self._tx.send_bytes(data)
+
+    def next_command(self) -> Message:
+        """The next message for the main loop (Execute, Stop). EOFError: the server is gone."""
+        main = self._main
+        return self._wait(lambda: main.popleft() if main else None)
+
+    def expect(self, call_id: int) -> None:
+        with self._cond:
+            self._replies[call_id] = deque()
+
+    def reply(self, call_id: int) -> BlsReply:
+        """The next reply to BLS call ``call_id`` (registered with ``expect``)."""
+        box = self._replies[call_id]
+        reply = self._wait(lambda: box.popleft() if box else None)
+        if reply.final:
+            with self._cond:
+                self._replies.pop(call_id, None)
+        return reply
+
+    def poll(self) -> None:
+        """File what has already arrived (e.g. a Cancel) without blocking."""
+        if not self._rx_lock.acquire(blocking=False):
+            return  # somebody is reading: they file it
+        try:
+            while not self._closed and self._rx.poll(0):
+                self._file(decode(self._rx.recv_bytes()))
+        except (EOFError, OSError):
+            self._closed = True
+        finally:
+            self._rx_lock.release()
+
+    def _wait(self, take: Callable[[], Any]) -> Any:
+        cond = self._cond
+        while True:
+            with cond:
+                item = take()
+                if item is not None:
+                    return item
+                if self._closed:
+                    raise EOFError("the server closed the pipe")
+                if not self._rx_lock.acquire(blocking=False):
+                    cond.wait()
+                    continue
+            try:
+                msg = decode(self._rx.recv_bytes())
+            except (EOFError, OSError):
+                msg = None
+            finally:
+                self._rx_lock.release()
+            with cond:
+                if msg is None:
+                    self._closed = True
+                else:
+                    self._file(msg)
+                cond.notify_all()
+
+    def _file(self, msg: Message) -> None:
+        kind = type(msg)
+        if kind is BlsReply:
+            box = self._replies.get(msg.id)  # type: ignore[union-attr]
+            if box is not None:
+                box.append(msg)  # type: ignore[arg-type]
+        elif kind is Cancel:
+            self.cancelled.add((msg.id, msg.index))  # type: ignore[union-attr]
+        else:
+            self._main.append(msg)
+
+
+class Runtime:
+    """What ``pb_utils`` objects call inside a worker (``pb_utils._RUNTIME``)."""
+
+    def __init__(self, channel: Channel, pb: Any, shm_prefix: str, decoupled: bool) -> None:
+        self.channel = channel
+        self.pb = pb
+        self.prefix = shm_prefix
+        self.decoupled = decoupled
+        self._ids = itertools.count(1)
+        # non-decoupled models may answer through a sender too: execution ctx -> response
+        self.held: dict[tuple[int, int], Any] = {}
+
+    # ------------------------------------------------------------------------------ BLS
+    def exec(self, request: Any, decoupled: bool) -> Any:
+        from .shm import pack  # numpy: imported only once a model calls
+
+        pb = self.pb
+        call_id = next(self._ids)
+        tensors = [
+            (t.name(), t.as_numpy(), KSERVE_BY_CODE[t.triton_dtype()]) for t in request.inputs()
+        ]
+        version = request.model_version()
+        msg = BlsCall(
+            call_id,
+            request.model_name(),
+            str(version) if version is not None and int(version) >= 0 else "",
+            pack(tensors, self.prefix),
+            tuple(request.requested_output_names()),
+            request.request_id(),
+            request.parameters(),
+            int(request.timeout() or 0),
+            decoupled,
+        )
+        channel = self.channel
+        channel.expect(call_id)
+        channel.send(msg)
+        if not decoupled:
+            return self._response(channel.reply(call_id), pb)
+        return self._responses(call_id, pb)
+
+    def _responses(self, call_id: int, pb: Any) -> Iterator[Any]:
+        while True:
+            reply = self.channel.reply(call_id)
+            yield self._response(reply, pb)
+            if reply.final:
+                return
+
+    def _response(self, reply: BlsReply, pb: Any) -> Any:
+        from .shm import unpack
+
+        code_of = _CODE_OF
+        tensors = [pb.Tensor._make(n, arr, code_of[dt]) for n, dt, arr in unpack(reply.outputs)]
+        error = pb.TritonError(reply.error) if reply.error else None
+        return pb.InferenceResponse(tensors, error=error, parameters=reply.parameters or None)
+
+    # ------------------------------------------------------------------ response senders
+    def respond(self, ctx: tuple[int, int], response: Any, flags: int, wanted: Any) -> None:
+        pb = self.pb
+        final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if not self.decoupled:
+            if response is not None:
+                self.held[ctx] = response
+            return
+        from .shm import pack
+
+        error = None
+        tensors: list[tuple[str, Any, str]] = []
+        params = "{}"
+        if response is not None:
+            if response._error is not None:
+                err = response._error
+                code = err.code() if hasattr(err, "code") else pb.TritonError.INTERNAL
+                text = err.message() if hasattr(err, "message") else str(err)
+                error = (int(code), str(text))
+            else:
+                for t in response._output_tensors:
+                    if not wanted or t._name in wanted:
+                        tensors.append((t._name, t._array, KSERVE_BY_CODE[t._triton_dtype]))
+            params = response._parameters
+        self.channel.send(Respond(ctx[0], ctx[1], pack(tensors, self.prefix), error, final, params))
+
+    def is_cancelled(self, ctx: tuple[int, int] | None) -> bool:
+        if ctx is None:
+            return False
+        self.channel.poll()
+        return ctx in self.channel.cancelled
+
+
+_CODE_OF = {name: code for code, name in enumerate(KSERVE_BY_CODE) if code}

@@ -1,0 +1,192 @@
+"""The native gRPC edge (gRPC C++ extension) against the real server process: which edge
+runs is in the log, large messages both ways, deadlines (the request leaves the queue), the
+bidi stream, many concurrent clients, the tritonserver gRPC flags, SIGTERM; and the
+fallback flag. The rest of the gRPC suite runs on both edges (scripts/run-tests)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from sluice.frontends.grpc_edge import native_edge
+from tests.e2e.helpers import grpc_client, grpc_fp32_inputs, grpc_status
+from tests.zoo import copy_example, identity, sleep_model
+
+pytestmark = pytest.mark.skipif(
+    native_edge() is None, reason="native gRPC edge not built (make install)"
+)
+
+
+@pytest.fixture(scope="module")
+def srv(module_server, module_repo: Path):
+    copy_example(module_repo, "add_sub")
+    identity(module_repo, "big", dtype="TYPE_UINT8", dims="[ -1 ]", max_batch_size=0)
+    sleep_model(module_repo, "slow", ms=1500)
+    return module_server(
+        module_repo,
+        "--grpc-edge=native",
+        "--grpc-keepalive-time=10000",
+        "--grpc-keepalive-timeout=5000",
+        "--grpc-keepalive-permit-without-calls=true",
+        "--grpc-http2-max-pings-without-data=0",
+        "--grpc-http2-min-recv-ping-interval-without-data=5000",
+        "--grpc-http2-max-ping-strikes=3",
+        "--grpc-max-connection-age=600000",
+        "--grpc-max-connection-age-grace=10000",
+        "--grpc-infer-allocation-pool-size=16",
+    )
+
+
+def _add_sub(a: float, b: float) -> list[grpcclient.InferInput]:
+    ins = []
+    for name, v in (("INPUT0", a), ("INPUT1", b)):
+        i = grpcclient.InferInput(name, [1, 4], "FP32")
+        i.set_data_from_numpy(np.full((1, 4), v, np.float32))
+        ins.append(i)
+    return ins
+
+
+def test_log_names_the_native_edge(srv):
+    assert "gRPC edge: native (gRPC C++" in srv.log()
+
+
+def test_48mb_tensor_both_ways(srv):
+    c = grpc_client(srv)
+    data = np.random.default_rng(0).integers(0, 255, 48 * 2**20, dtype=np.uint8)
+    i = grpcclient.InferInput("INPUT0", [data.size], "UINT8")
+    i.set_data_from_numpy(data)
+    out = c.infer("big", [i], client_timeout=60).as_numpy("OUTPUT0")
+    assert out.shape == data.shape and np.array_equal(out, data)
+    c.close()
+
+
+def test_deadline_exceeded_and_the_request_leaves_the_queue(srv):
+    c = grpc_client(srv)
+    before = c.get_inference_statistics("slow", as_json=True)["model_stats"][0]
+    box: dict = {}
+
+    def first() -> None:
+        box["r"] = grpc_client(srv).infer("slow", grpc_fp32_inputs(1.0), client_timeout=30)
+
+    t = threading.Thread(target=first)
+    t.start()
+    time.sleep(0.3)  # the first request is executing; the second one queues behind it
+    t0 = time.monotonic()
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("slow", grpc_fp32_inputs(2.0), client_timeout=0.3)
+    assert grpc_status(e.value) == "StatusCode.DEADLINE_EXCEEDED"
+    assert time.monotonic() - t0 < 1.0
+    t.join(30)
+    assert float(box["r"].as_numpy("OUTPUT0")[0, 0]) == 1.0
+    time.sleep(1.8)  # had the second request stayed queued, it would have run by now
+    after = c.get_inference_statistics("slow", as_json=True)["model_stats"][0]
+    assert int(after.get("execution_count", 0)) - int(before.get("execution_count", 0)) == 1
+    c.close()
+
+
+def test_stream_answers_each_request_concurrently(srv):
+    c = grpc_client(srv)
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    c.async_stream_infer("slow", grpc_fp32_inputs(5.0), request_id="slow")
+    for k in range(10):
+        c.async_stream_infer("add_sub", _add_sub(k, 1), request_id=f"r{k}")
+    c.async_stream_infer("nope", _add_sub(0, 0), request_id="bad")
+    order = []
+    for _ in range(12):
+        result, error = got.get(timeout=30)
+        if error is not None:
+            assert "nope" in str(error)
+            order.append("bad")
+            continue
+        rid = result.get_response().id
+        order.append(rid)
+        if rid.startswith("r"):
+            k = int(rid[1:])
+            assert result.as_numpy("OUTPUT0")[0, 0] == k + 1
+    c.stop_stream()
+    assert sorted(order) == sorted(["slow", "bad", *[f"r{k}" for k in range(10)]])
+    assert order[-1] == "slow"  # the slow one did not hold the others back
+    c.close()
+
+
+def test_64_concurrent_clients(srv):
+    errors: list[str] = []
+    done = []
+
+    def client(k: int) -> None:
+        try:
+            c = grpc_client(srv)
+            for j in range(20):
+                r = c.infer("add_sub", _add_sub(k, j))
+                assert r.as_numpy("OUTPUT1")[0, 0] == k - j
+            c.close()
+            done.append(k)
+        except Exception as exc:  # collected for the assertion
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(done) == 64
+
+
+def test_errors_and_unimplemented_as_on_aio(srv):
+    c = grpc_client(srv)
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("missing", _add_sub(0, 0))
+    assert grpc_status(e.value) == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as e:
+        c.get_system_shared_memory_status()
+    assert grpc_status(e.value) == "StatusCode.UNIMPLEMENTED"
+    assert "system shared memory is not supported" in e.value.message()
+    c.close()
+
+
+def test_sigterm_drains_a_grpc_call_in_flight_and_refuses_new_ones(tmp_path: Path, start_server):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    sleep_model(repo, "slow", ms=1500)
+    copy_example(repo, "add_sub")
+    srv = start_server(repo, "--grpc-edge=native", "--exit-timeout-secs=20")
+    box: dict = {}
+
+    def first() -> None:
+        box["r"] = grpc_client(srv).infer("slow", grpc_fp32_inputs(3.0), client_timeout=30)
+
+    t = threading.Thread(target=first)
+    t.start()
+    time.sleep(0.4)
+    srv.proc.send_signal(15)
+    time.sleep(0.3)
+    c = grpc_client(srv)
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("add_sub", _add_sub(1, 1))
+    assert grpc_status(e.value) == "StatusCode.UNAVAILABLE"
+    assert "shutting down" in e.value.message()
+    t.join(30)
+    assert float(box["r"].as_numpy("OUTPUT0")[0, 0]) == 3.0
+    assert srv.proc.wait(30) == 0
+    c.close()
+
+
+def test_aio_flag_and_env(tmp_path: Path, start_server):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_example(repo, "add_sub")
+    srv = start_server(repo, "--grpc-edge=aio", env={"SLUICE_GRPC_EDGE": "native"})
+    assert "gRPC edge: grpc.aio (--grpc-edge=aio)" in srv.log()
+    c = grpc_client(srv)
+    assert c.infer("add_sub", _add_sub(2, 1)).as_numpy("OUTPUT0")[0, 0] == 3
+    c.close()
+    srv2 = start_server(repo, env={"SLUICE_GRPC_EDGE": "aio"})
+    assert "gRPC edge: grpc.aio (--grpc-edge=aio)" in srv2.log()
