@@ -38,8 +38,7 @@ class TritonPythonModel:
                 continue
             t = pb_utils.get_output_tensor_by_name(resp, "OUTPUT0")
             pb_utils.Logger.log_info(f"bls called add_sub for {request.request_id()}")
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t.as_numpy())],
-                                                  parameters={"via": "bls"}))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t.as_numpy())]))
         return out
 """
 
@@ -147,6 +146,27 @@ class TritonPythonModel:
                     "text_output", np.array([w.encode()], dtype=np.object_))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+"""
+
+# request parameters back as response parameters (InferenceResponse(parameters=...), which
+# Triton 2.51's python backend does not have yet), plus the request API's views of them
+PARAMS_PY = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            params = json.loads(request.parameters())
+            params["requested"] = ",".join(request.requested_output_names())
+            params["flags"] = request.flags()
+            params["correlation_id"] = request.correlation_id()
+            t = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT0", t.as_numpy())], parameters=params))
+        return out
 """
 
 # not decoupled: text_output = text_input upper-cased, count = its length

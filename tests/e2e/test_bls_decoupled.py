@@ -22,6 +22,7 @@ from tests.zoo_bls import (
     ADD_IO,
     BLS_ASYNC_PY,
     BLS_PY,
+    PARAMS_PY,
     bls,
     bls_decoupled,
     echo,
@@ -59,6 +60,9 @@ def srv(module_server, module_repo: Path):
         f'name: "slow_add"\nbackend: "python"\nmax_batch_size: 8\n{ADD_IO}',
         SLOW_ADD_PY,
     )
+    write_model(
+        repo, "params", f'name: "params"\nbackend: "python"\nmax_batch_size: 8\n{ADD_IO}', PARAMS_PY
+    )
     bls_decoupled(repo)
     repeat(repo)
     text_stream(repo)
@@ -91,7 +95,6 @@ def test_bls_calls_another_model_through_its_scheduler(srv):
     finally:
         c.close()
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
-    assert r.get_response()["parameters"] == {"via": "bls"}  # InferenceResponse(parameters=)
     g = grpc_client(srv)
     try:
         r = g.infer("bls_add", _add_inputs(grpcclient))
@@ -126,7 +129,9 @@ def test_bls_failures_are_error_responses_not_hangs(srv, params, phrase):
             c.infer("bls_add", _add_inputs(httpclient), parameters=params)
     finally:
         c.close()
-    assert "BLS failed: " in info.value.message() and phrase in info.value.message()
+    msg = info.value.message()
+    assert msg.startswith(f"BLS failed: Model {params['target']} - Error when running inference: ")
+    assert phrase in msg, msg
     assert srv.get("/v2/models/bls_add/ready")[0] == 200
 
 
@@ -158,6 +163,25 @@ def test_bls_decoupled_call_iterates_every_response(srv):
     finally:
         c.close()
     assert r.as_numpy("OUT").tolist() == [0, 1, 2, 3]
+
+
+def test_request_api_and_response_parameters(srv):
+    c = http_client(srv)
+    try:
+        r = c.infer(
+            "params",
+            _add_inputs(httpclient),
+            outputs=[httpclient.InferRequestedOutput("OUTPUT0")],
+            parameters={"k": "v"},
+            sequence_id=42,
+            sequence_start=True,
+        )
+    finally:
+        c.close()
+    params = r.get_response()["parameters"]
+    assert params["k"] == "v" and params["requested"] == "OUTPUT0"
+    assert params["correlation_id"] == 42 and params["flags"] == 1  # SEQUENCE_START
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A)
 
 
 # ------------------------------------------------------------------------------ decoupled
@@ -309,7 +333,7 @@ def _sse(srv, path: str, body: Any) -> tuple[int, str, str]:
 
 def test_generate_stream_sends_server_sent_events(srv):
     code, ctype, text = _sse(srv, "/v2/models/text_stream/generate_stream", {"text_input": "a b c"})
-    assert code == 200 and ctype == "text/event-stream"
+    assert code == 200 and ctype == "text/event-stream; charset=utf-8"
     events = [json.loads(line[len("data: ") :]) for line in text.split("\n\n") if line]
     assert [e["text_output"] for e in events] == ["a", "b", "c"]
     assert events[0]["model_name"] == "text_stream"

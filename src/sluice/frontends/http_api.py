@@ -61,7 +61,10 @@ _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 # Triton extensions this server answers with 501 rather than 404.
 _UNSUPPORTED_ROOTS = {b"systemsharedmemory", b"cudasharedmemory", b"trace", b"logging"}
 _UNSUPPORTED_MODEL_ACTIONS = {b"trace"}
-_SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
 
 
 class _Stream(Exception):

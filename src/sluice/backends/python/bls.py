@@ -71,11 +71,12 @@ class BlsCalls:
         except TimeoutError:
             self._error(
                 msg.id,
-                f"BLS request to model '{msg.model}' from model '{inst.spec.name}' did not "
-                f"finish within its timeout of {msg.timeout_us} us",
+                f"Model {msg.model} - Error when running inference: BLS request to model "
+                f"'{msg.model}' from model '{inst.spec.name}' did not finish within its "
+                f"timeout of {msg.timeout_us} us",
             )
-        except ServerError as exc:
-            self._error(msg.id, str(exc))
+        except ServerError as exc:  # Triton's words first, then ours
+            self._error(msg.id, f"Model {msg.model} - Error when running inference: {exc}")
         except asyncio.CancelledError:
             self._error(msg.id, f"model '{inst.spec.name}' is stopping: BLS request cancelled")
             raise

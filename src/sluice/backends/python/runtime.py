@@ -7,6 +7,8 @@ Rules of this file:
   pipe (one reader at a time, ``_rx_lock``) and files every message it reads where it belongs;
   the others wait on ``_cond``. No extra thread, and the main loop reads its own ``Execute``
   directly when nobody else is waiting.
+- Lock order: ``_rx_lock`` then ``_cond``. A reader files what it read (under ``_cond``)
+  before it lets go of the pipe; a waiter only ever tries ``_rx_lock`` without blocking.
 - Writes to the pipe are whole messages under ``_tx_lock`` (a model may send responses from
   several threads).
 - Imports stay light (no numpy at import): the worker imports this before numpy's thread
@@ -87,10 +89,14 @@ class Channel:
         if not self._rx_lock.acquire(blocking=False):
             return  # somebody is reading: they file it
         try:
-            while not self._closed and self._rx.poll(0):
-                self._file(decode(self._rx.recv_bytes()))
-        except (EOFError, OSError):
-            self._closed = True
+            got: list[Message] = []
+            closed = False
+            try:
+                while self._rx.poll(0):
+                    got.append(decode(self._rx.recv_bytes()))
+            except (EOFError, OSError):
+                closed = True
+            self._deliver(got, closed)
         finally:
             self._rx_lock.release()
 
@@ -107,19 +113,29 @@ class Channel:
                     cond.wait()
                     continue
             try:
-                msg = decode(self._rx.recv_bytes())
-            except (EOFError, OSError):
-                msg = None
+                try:
+                    got = [decode(self._rx.recv_bytes())]
+                    closed = False
+                except (EOFError, OSError):
+                    got, closed = [], True
+                self._deliver(got, closed)
             finally:
                 self._rx_lock.release()
-            with cond:
-                if msg is None:
-                    self._closed = True
-                else:
-                    self._file(msg)
-                cond.notify_all()
+
+    def _deliver(self, got: list[Message], closed: bool) -> None:
+        """File what the reader read and wake every waiter. Called while still holding
+        ``_rx_lock``: a waiter that then takes the pipe has seen these messages filed (or
+        was waiting, and is woken), so it never blocks on the pipe for a message that is
+        already here."""
+        with self._cond:
+            for msg in got:
+                self._file(msg)
+            if closed:
+                self._closed = True
+            self._cond.notify_all()
 
     def _file(self, msg: Message) -> None:
+        """File ``msg`` where it belongs (the caller holds ``_cond``)."""
         kind = type(msg)
         if kind is BlsReply:
             box = self._replies.get(msg.id)  # type: ignore[union-attr]
