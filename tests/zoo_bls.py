@@ -88,7 +88,8 @@ class TritonPythonModel:
 """
 
 # decoupled: IN=n -> n responses OUT=[i] from execute (or from a thread: "thread" in the
-# request parameters), then the final flag alone; n == 99 sends an error response midway
+# request parameters), then the final flag alone; n == 99 sends an error response midway,
+# n == 666 kills the worker after one response
 REPEAT_PY = """
 import json
 import threading
@@ -107,6 +108,11 @@ class TritonPythonModel:
         return None
 
     def _send(self, sender, n):
+        if n == 666:  # one response, then the worker dies
+            sender.send(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array([0], dtype=np.int32))]))
+            import os
+            os._exit(1)
         for i in range(min(n, 5) if n == 99 else n):
             if n == 99 and i == 2:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("bad step 2")))

@@ -251,6 +251,14 @@ def test_decoupled_error_response_keeps_the_stream_going(srv):
     assert errors == ["bad step 2"]
 
 
+def test_a_worker_dying_mid_stream_ends_that_stream_with_its_error(srv):
+    out = _stream(srv, [("d", 666, {"_empty": True})], 2)
+    assert out[0] == ("d", 0, False, None)
+    assert out[1][3] is not None and "exited with code 1" in out[1][3], out
+    # the worker is restarted: the model streams again
+    assert _stream(srv, [("r", 2, {})], 2) == [("r", 0, None, None), ("r", 1, None, None)]
+
+
 def test_decoupled_model_refuses_unary_calls_as_triton(srv):
     body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [2]}]}
     code, raw = post(srv, "/v2/models/repeat/infer", body)

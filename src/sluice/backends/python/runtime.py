@@ -18,6 +18,7 @@ Rules of this file:
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -169,6 +170,16 @@ class Runtime:
             (t.name(), t.as_numpy(), KSERVE_BY_CODE[t.triton_dtype()]) for t in request.inputs()
         ]
         version = request.model_version()
+        params = request.parameters()
+        corr, flags = request._correlation_id, request._flags
+        if corr or flags > 0:  # the sequence fields travel as Triton's request parameters
+            seq = json.loads(params) if params != "{}" else {}
+            if corr:
+                seq["sequence_id"] = corr
+            if flags > 0:
+                seq["sequence_start"] = bool(flags & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+                seq["sequence_end"] = bool(flags & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+            params = json.dumps(seq)
         msg = BlsCall(
             call_id,
             request.model_name(),
@@ -176,7 +187,7 @@ class Runtime:
             pack(tensors, self.prefix),
             tuple(request.requested_output_names()),
             request.request_id(),
-            request.parameters(),
+            params,
             int(request.timeout() or 0),
             decoupled,
         )
