@@ -124,6 +124,9 @@ class Serving:
         sv, batch, key = self._admit(request, sv)
         if sv.decoupled:
             responses = [r async for r in self._stream(sv, request, batch, key, arrival)]
+            for r in responses:
+                if isinstance(r.error, ServerError):
+                    raise r.error
             data = [r for r in responses if r.outputs or not r.final]
             if len(data) != 1:
                 raise InvalidArgument(
