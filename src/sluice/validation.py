@@ -39,8 +39,10 @@ def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any
             if in_name not in expected:
                 raise _unexpected_input(in_name, req, sv)
         missing = sorted(sv.required_inputs.difference(inputs))
+        n_req, n_all = len(sv.required_inputs), len(expected)
+        wanted = f"{n_req}" if n_req == n_all else f"number of inputs between {n_req} and {n_all}"
         raise InvalidArgument(
-            f"expected {len(sv.required_inputs)} inputs but got {len(inputs)} inputs for model "
+            f"expected {wanted} inputs but got {len(inputs)} inputs for model "
             f"'{name}'. Got input(s) {sorted(inputs)}, but missing required input(s) "
             f"{missing}. Please provide all required input(s)."
         )

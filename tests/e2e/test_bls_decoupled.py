@@ -313,7 +313,11 @@ def test_generate_maps_json_fields_to_tensors_and_back(srv):
     assert code == 200 and json.loads(raw)["text_output"] == "HI", raw
     code, raw = post(srv, "/v2/models/echo/generate", {"nope": "hello"})
     assert code == 400, raw
-    assert "missing required input(s) ['text_input']" in error_text(raw)
+    assert error_text(raw) == (  # Triton's sentence when the model has optional inputs
+        "[request id: <id_unknown>] expected number of inputs between 1 and 2 but got 0 "
+        "inputs for model 'echo'. Got input(s) [], but missing required input(s) "
+        "['text_input']. Please provide all required input(s)."
+    )
 
 
 def test_generate_on_a_decoupled_model_needs_exactly_one_response(srv):
