@@ -40,9 +40,11 @@ def check_request(req: InferRequest, sv: ServingVersion) -> tuple[int, tuple[Any
                 raise _unexpected_input(in_name, req, sv)
         missing = sorted(sv.required_inputs.difference(inputs))
         n_req, n_all = len(sv.required_inputs), len(expected)
-        wanted = f"{n_req}" if n_req == n_all else f"number of inputs between {n_req} and {n_all}"
+        wanted = (
+            f"{n_req} inputs" if n_req == n_all else f"number of inputs between {n_req} and {n_all}"
+        )
         raise InvalidArgument(
-            f"expected {wanted} inputs but got {len(inputs)} inputs for model "
+            f"expected {wanted} but got {len(inputs)} inputs for model "
             f"'{name}'. Got input(s) {sorted(inputs)}, but missing required input(s) "
             f"{missing}. Please provide all required input(s)."
         )
