@@ -87,6 +87,25 @@ class TritonPythonModel:
         return out
 """
 
+# OUTPUT0 = identity(INPUT0) through BLS, any size (large tensors travel in shared memory)
+BLS_BIG_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="identity", inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0")],
+                requested_output_names=["OUTPUT0"])
+            resp = call.exec()
+            if resp.has_error():
+                raise pb_utils.TritonModelException(resp.error().message())
+            t = pb_utils.get_output_tensor_by_name(resp, "OUTPUT0")
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t.as_numpy() * 2)]))
+        return out
+"""
+
 # decoupled: IN=n -> n responses OUT=[i] from execute (or from a thread: "thread" in the
 # request parameters), then the final flag alone; n == 99 sends an error response midway,
 # n == 666 kills the worker after one response

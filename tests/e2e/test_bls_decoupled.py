@@ -17,10 +17,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.helpers import error_text, grpc_client, grpc_status, http_client, post, wait_until
-from tests.zoo import copy_example, write_model
+from tests.zoo import copy_example, identity, write_model
 from tests.zoo_bls import (
     ADD_IO,
     BLS_ASYNC_PY,
+    BLS_BIG_PY,
     BLS_PY,
     PARAMS_PY,
     bls,
@@ -63,6 +64,19 @@ def srv(module_server, module_repo: Path):
     write_model(
         repo, "params", f'name: "params"\nbackend: "python"\nmax_batch_size: 8\n{ADD_IO}', PARAMS_PY
     )
+    identity(repo)
+    write_model(
+        repo,
+        "bls_big",
+        """
+        name: "bls_big"
+        backend: "python"
+        max_batch_size: 8
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        """,
+        BLS_BIG_PY,
+    )
     bls_decoupled(repo)
     repeat(repo)
     text_stream(repo)
@@ -103,6 +117,20 @@ def test_bls_calls_another_model_through_its_scheduler(srv):
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
     assert _count(srv, "add_sub") == before + 2  # recorded by add_sub's own statistics
     assert "sluice.model.bls_add] bls called add_sub for req-7" in srv.log()  # pb_utils.Logger
+
+
+def test_bls_moves_large_tensors_through_shared_memory_and_leaves_none(srv):
+    x = np.random.default_rng(3).random((1, 300_000), dtype=np.float32)  # 1.2 MB each way
+    c = http_client(srv)
+    try:
+        i = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        for _ in range(3):
+            np.testing.assert_array_equal(c.infer("bls_big", [i]).as_numpy("OUTPUT0"), x * 2)
+    finally:
+        c.close()
+    # one-shot segments are unlinked by their receiver: none of them is left
+    assert [p for p in Path("/dev/shm").glob(f"sl{srv.proc.pid}_*") if "x" in p.name] == []
 
 
 def test_async_execute_runs_two_bls_calls_at_once(srv):
