@@ -46,6 +46,7 @@ from .states import (
     ServingVersion,
     tensor_infos,
 )
+from .warmup import warm_up
 
 __all__ = ["ModelManager"]
 
@@ -421,6 +422,13 @@ class ModelManager:
                     version_str=str(v),
                     decoupled=config.model_transaction_policy.decoupled,
                 )
+                try:
+                    await warm_up(new[v], instances)  # before READY, on every instance
+                except ServerError as exc:
+                    raise InvalidArgument(
+                        f"load failed for model '{name}': version {v} is at UNAVAILABLE "
+                        f"state: {exc}"
+                    ) from None
         except BaseException as exc:
             await asyncio.gather(*(i.stop() for i in started), return_exceptions=True)
             for v in selected:
