@@ -94,6 +94,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="BOOL",
         help="exit if a model fails to load at start (as tritonserver)",
     )
+    p.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="<cache>,<key>=<value>",
+        help="the response cache: local,size=<bytes> (models opt in with response_cache)",
+    )
     _add_grpc_flags(p)
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
@@ -251,7 +258,18 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         grpc_edge=ns.grpc_edge,
         grpc_channel_args=_grpc_channel_args(ns),
         grpc_infer_allocation_pool_size=ns.grpc_infer_allocation_pool_size,
+        cache_size_bytes=_cache_size(ns.cache_config, parser),
     )
+
+
+def _cache_size(items: list[str], parser: argparse.ArgumentParser) -> int:
+    from .cache import parse_cache_config
+
+    try:
+        return parse_cache_config(items)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
 
 
 def main(argv: list[str] | None = None) -> int:

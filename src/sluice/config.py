@@ -55,3 +55,5 @@ class ServerConfig:
     # applied by whichever edge serves; only the flags given on the command line.
     grpc_channel_args: tuple[tuple[str, int], ...] = ()
     grpc_infer_allocation_pool_size: int = 8
+    # --cache-config local,size=N: bytes of the response cache (0 = none)
+    cache_size_bytes: int = 0

@@ -27,6 +27,10 @@ _LABELS = ["model", "version"]
 # "unknown" and ``exposition`` declares them "counter", as Triton does (text format 0.0.4
 # allows any counter name).
 COUNTER_FAMILIES = (
+    "nv_cache_num_hits_per_model",
+    "nv_cache_hit_duration_per_model",
+    "nv_cache_num_misses_per_model",
+    "nv_cache_miss_duration_per_model",
     "nv_inference_request_success",
     "nv_inference_request_failure",
     "nv_inference_count",
@@ -67,6 +71,63 @@ class TritonCollector(Collector):
             for v, st in sorted(rec.stats.items()):
                 if v in rec.serving:
                     yield st
+
+    def _cache_metrics(self) -> Iterator[Metric]:
+        """Triton's response-cache families: per model (for models that use the cache) and
+        for the cache as a whole (only when the server has one)."""
+        cache = self.manager.serving.cache
+        if cache is None:
+            return
+        per_model = {
+            "nv_cache_num_hits_per_model": _counter(
+                "nv_cache_num_hits_per_model", "Number of cache hits per model"
+            ),
+            "nv_cache_hit_duration_per_model": _counter(
+                "nv_cache_hit_duration_per_model",
+                "Total cache hit duration per model, in microseconds",
+            ),
+            "nv_cache_num_misses_per_model": _counter(
+                "nv_cache_num_misses_per_model", "Number of cache misses per model"
+            ),
+            "nv_cache_miss_duration_per_model": _counter(
+                "nv_cache_miss_duration_per_model",
+                "Total cache miss (insert+lookup) duration per model, in microseconds",
+            ),
+        }
+        for rec in list(self.manager.records.values()):
+            for v, sv in sorted(rec.serving.items()):
+                if not sv.cached:
+                    continue
+                st, lv = sv.stats, {"model": rec.name, "version": str(v)}
+                values = (
+                    st.cache_hit.count,
+                    st.cache_hit.ns // 1000,
+                    st.cache_miss.count,
+                    st.cache_miss.ns // 1000,
+                )
+                for (name, fam), count in zip(per_model.items(), values, strict=True):
+                    fam.add_sample(name, lv, count)
+        yield from per_model.values()
+        gauges: tuple[tuple[str, str, float], ...] = (
+            ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.used / max(cache.size, 1)),
+            ("nv_cache_num_entries", "Number of responses stored in response cache", cache.entries),
+            ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
+            ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
+            (
+                "nv_cache_num_lookups",
+                "Number of cache lookups in response cache",
+                cache.hits + cache.misses,
+            ),
+            (
+                "nv_cache_num_evictions",
+                "Number of cache evictions in response cache",
+                cache.evictions,
+            ),
+        )
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(value))
+            yield g
 
     def collect(self) -> Iterator[Metric]:
         success = _counter(
@@ -176,6 +237,7 @@ class TritonCollector(Collector):
             load,
             *hists.values(),
         )
+        yield from self._cache_metrics()
         if self.cpu_metrics:
             util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
             util.add_metric([], psutil.cpu_percent(interval=None) / 100.0)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .cache import ResponseCache
 from .errors import Internal, InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from .protocol.datatypes import numpy_to_kserve
 from .repository import layout
@@ -58,8 +59,9 @@ def _int_param(params: dict[str, Any], key: str) -> int:
 
 
 class Serving:
-    def __init__(self, records: dict[str, ModelRecord]) -> None:
+    def __init__(self, records: dict[str, ModelRecord], cache: ResponseCache | None = None) -> None:
         self.records = records  # the manager's: it adds and swaps, we only read
+        self.cache = cache  # the response cache, for the versions that enable it
 
     # ---------------------------------------------------------------- lookups
     def get(self, name: str, version: str = "") -> ServingVersion:
@@ -134,9 +136,48 @@ class Serving:
                     "stream for model that generates various number of responses"
                 )
             return data[0]
+        if sv.cached:
+            return await self._cached(sv, request, batch, key, arrival)
         response = await self._submit(sv, request, batch, key, arrival)
         self._finish(sv, request, response, arrival)
         sv.stats.record_success(time.monotonic_ns() - arrival)
+        return response
+
+    async def _cached(
+        self,
+        sv: ServingVersion,
+        request: InferRequest,
+        batch: int,
+        key: tuple[Any, ...],
+        arrival: int,
+    ) -> InferResponse:
+        """``infer`` through the response cache (see ``cache.py``)."""
+        cache = self.cache
+        assert cache is not None
+        t0 = time.monotonic_ns()
+        ckey = cache.key(request, sv.version_str)
+        hit = cache.get(ckey)
+        stats = sv.stats
+        if hit is not None:
+            outputs, datatypes = hit
+            response = InferResponse(
+                request.model_name, sv.version_str, request.id, dict(outputs), dict(datatypes)
+            )
+            now = time.monotonic_ns()
+            stats.cache_hit.add(now - t0)
+            self._finish(sv, request, response, arrival)
+            stats.record_success(time.monotonic_ns() - arrival)
+            return response
+        lookup_ns = time.monotonic_ns() - t0
+        response = await self._submit(sv, request, batch, key, arrival)
+        t1 = time.monotonic_ns()
+        full = dict(response.outputs)
+        datatypes = {n: _datatype_of(n, a, sv) for n, a in full.items()}
+        cache.put(ckey, full, datatypes)
+        stats.cache_miss.add(lookup_ns + time.monotonic_ns() - t1)
+        response.output_datatypes.update(datatypes)
+        self._finish(sv, request, response, arrival)
+        stats.record_success(time.monotonic_ns() - arrival)
         return response
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:

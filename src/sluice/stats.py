@@ -85,6 +85,8 @@ class ModelStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)  # lookup time of hits
+    cache_miss: Duration = field(default_factory=Duration)  # lookup + insertion of misses
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
@@ -143,8 +145,8 @@ class ModelStats:
                 "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": {"count": 0, "ns": 0},
-                "cache_miss": {"count": 0, "ns": 0},
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "response_stats": {},
             "batch_stats": [

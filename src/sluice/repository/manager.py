@@ -30,6 +30,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance, ModelSpec, backend_for
 from ..backends.ensemble import EnsembleBackend, composing_models
+from ..cache import ResponseCache
 from ..config import ControlMode, ServerConfig
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from ..scheduling.scheduler import Scheduler
@@ -94,7 +95,9 @@ class ModelManager:
         self.config = config
         self.repositories = tuple(Path(p).resolve() for p in config.model_repositories)
         self.records: dict[str, ModelRecord] = {}
-        self.serving = Serving(self.records)  # the one request path (ensembles, BLS too)
+        cache = ResponseCache(config.cache_size_bytes) if config.cache_size_bytes else None
+        # the one request path (clients, ensemble steps, BLS)
+        self.serving = Serving(self.records, cache)
         self._override_dirs: dict[str, Path] = {}
         self._poll_task: asyncio.Task[None] | None = None
         self.startup_done = False
@@ -421,6 +424,9 @@ class ModelManager:
                     max_batch_size=config.max_batch_size,
                     version_str=str(v),
                     decoupled=config.model_transaction_policy.decoupled,
+                    cached=self.serving.cache is not None
+                    and config.response_cache.enable
+                    and not config.model_transaction_policy.decoupled,
                 )
                 try:
                     await warm_up(new[v], instances)  # before READY, on every instance

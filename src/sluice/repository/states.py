@@ -70,6 +70,7 @@ class ServingVersion:
     max_batch_size: int
     version_str: str
     decoupled: bool = False  # model_transaction_policy { decoupled: true }
+    cached: bool = False  # response_cache { enable: true } and a server cache
 
     @property
     def config(self) -> mc.ModelConfig:
