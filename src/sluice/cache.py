@@ -2,12 +2,13 @@
 { enable: true }`` in a model's config).
 
 Rules of this file (Triton 2.51's behaviour, checked on this machine, except where noted):
-- The key is a hash of the model name, the version and every input (name, datatype, shape,
-  bytes). Request parameters and the requested outputs are not part of it.
+- The key is the model name, the version and every input (name, datatype, shape, bytes):
+  found by a CRC-32 of the bytes, confirmed by comparing them. Request parameters and the
+  requested outputs are not part of it.
 - The cache keeps every output of a response; a hit answers only the outputs the request asks
   for (Triton 2.51 answers all of them on a hit: a bug we do not copy).
-- It is bounded by the total bytes of the cached tensors; the least recently used response
-  leaves first; a response larger than the whole cache is not stored.
+- It is bounded by the total bytes it keeps (outputs and the inputs that confirm a hit); the
+  least recently used response leaves first; one larger than the whole cache is not stored.
 - Hits count as successful requests, not as inferences or executions (as Triton).
 - One event loop owns it: no locks.
 
@@ -21,7 +22,7 @@ Usage::
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 from collections import OrderedDict
 
 import numpy as np
@@ -31,7 +32,16 @@ from .types import InferRequest
 
 __all__ = ["ResponseCache", "parse_cache_config"]
 
-_Entry = tuple[dict[str, np.ndarray], dict[str, str], int]
+# outputs, their datatypes, bytes counted against the size, the request's input bytes
+_Entry = tuple[dict[str, np.ndarray], dict[str, str], int, list[bytes]]
+
+
+class _Key:
+    __slots__ = ("head", "blobs")
+
+    def __init__(self, head: tuple[object, ...], blobs: list[bytes | memoryview]) -> None:
+        self.head = head
+        self.blobs = blobs
 
 
 def parse_cache_config(items: list[str]) -> int:
@@ -62,50 +72,68 @@ class ResponseCache:
     def __init__(self, size_bytes: int) -> None:
         self.size = size_bytes
         self.used = 0
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
         self.hits = 0
         self.misses = 0
         self.evictions = 0
 
     @staticmethod
-    def key(request: InferRequest, version: str) -> bytes:
-        h = hashlib.blake2b(digest_size=16)
-        h.update(request.model_name.encode())
-        h.update(b"\0" + version.encode())
+    def key(request: InferRequest, version: str) -> _Key:
+        """A cheap key (CRC-32 of each input's bytes with its name, datatype and shape); a hit
+        is confirmed by comparing the stored input bytes, so a CRC collision can never answer
+        with another request's response."""
         dts = request.input_datatypes
+        parts: list[object] = [request.model_name, version]
+        blobs: list[bytes | memoryview] = []
         for name in sorted(request.inputs):
             arr = request.inputs[name]
-            h.update(b"\0" + name.encode() + b"\0" + dts.get(name, arr.dtype.str).encode())
-            h.update(repr(arr.shape).encode())
             if arr.dtype == np.object_:
-                h.update(bytes_tensor.serialize(arr))
+                blob: bytes | memoryview = bytes_tensor.serialize(arr)
             else:
-                h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
-        return h.digest()
+                blob = memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
+            parts += (name, dts.get(name, arr.dtype.str), arr.shape, zlib.crc32(blob))
+            blobs.append(blob)
+        return _Key(tuple(parts), blobs)
 
-    def get(self, key: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]] | None:
-        entry = self._entries.get(key)
-        if entry is None:
+    def get(self, key: _Key) -> tuple[dict[str, np.ndarray], dict[str, str]] | None:
+        entry = self._entries.get(key.head)
+        if entry is None or not _same(entry[3], key.blobs):
             self.misses += 1
             return None
-        self._entries.move_to_end(key)
+        self._entries.move_to_end(key.head)
         self.hits += 1
         return entry[0], entry[1]
 
-    def put(self, key: bytes, outputs: dict[str, np.ndarray], datatypes: dict[str, str]) -> None:
-        nbytes = sum(_nbytes(a) for a in outputs.values())
-        if nbytes > self.size or key in self._entries:
+    def put(self, key: _Key, outputs: dict[str, np.ndarray], datatypes: dict[str, str]) -> None:
+        inputs = [bytes(b) for b in key.blobs]  # kept to confirm hits; counted in the size
+        nbytes = sum(_nbytes(a) for a in outputs.values()) + sum(len(b) for b in inputs)
+        if nbytes > self.size or key.head in self._entries:
             return
         while self.used + nbytes > self.size and self._entries:
-            _, (_, _, freed) = self._entries.popitem(last=False)
+            _, (_, _, freed, _) = self._entries.popitem(last=False)
             self.used -= freed
             self.evictions += 1
-        self._entries[key] = (dict(outputs), dict(datatypes), nbytes)
+        self._entries[key.head] = (dict(outputs), dict(datatypes), nbytes, inputs)
         self.used += nbytes
 
     @property
     def entries(self) -> int:
         return len(self._entries)
+
+
+def _same(stored: list[bytes], blobs: list[bytes | memoryview]) -> bool:
+    """Byte-for-byte equality (a memcmp; ``memoryview == bytes`` compares item by item)."""
+    if len(stored) != len(blobs):
+        return False
+    for a, b in zip(stored, blobs, strict=True):
+        if len(a) != len(b):
+            return False
+        if len(a) <= 4096:
+            if a != bytes(b):
+                return False
+        elif not np.array_equal(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)):
+            return False
+    return True
 
 
 def _nbytes(arr: np.ndarray) -> int:

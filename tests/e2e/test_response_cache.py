@@ -43,8 +43,9 @@ def srv(module_server, module_repo: Path):
         if name == "cached":
             cfg += "\nresponse_cache { enable: true }\n"
         (mdir / "config.pbtxt").write_text(cfg)
-    # two add_sub responses (2 x 16 bytes each) fit, a third evicts the oldest
-    return module_server(module_repo, "--cache-config=local,size=64")
+    # two add_sub entries fit (each: outputs 2 x 16 bytes + inputs 2 x 16 bytes), a third
+    # evicts the oldest
+    return module_server(module_repo, "--cache-config=local,size=128")
 
 
 def test_identical_requests_are_answered_from_the_cache(srv):
