@@ -106,6 +106,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-error", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    p.add_argument("--log-file", default="", help="append the log to this file (default stderr)")
     # Accepted so that tritonserver command lines run unchanged; no effect on CPU.
     for flag in (
         "--pinned-memory-pool-byte-size",
@@ -113,8 +115,6 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--min-supported-compute-capability",
         "--model-load-thread-count",
         "--id",
-        "--log-format",
-        "--log-file",
         "--buffer-manager-thread-count",
         "--backend-directory",
         "--repoagent-directory",
@@ -253,6 +253,11 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         exit_timeout_secs=ns.exit_timeout_secs,
         disable_auto_complete_config=disable_ac,
         log_verbose=ns.log_verbose,
+        log_info=ns.log_info,
+        log_warning=ns.log_warning,
+        log_error=ns.log_error,
+        log_format=ns.log_format,
+        log_file=ns.log_file,
         exit_on_error=ns.exit_on_error,
         backend_config=_backend_config(ns.backend_config, parser),
         grpc_edge=ns.grpc_edge,

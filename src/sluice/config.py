@@ -48,6 +48,11 @@ class ServerConfig:
     exit_timeout_secs: float = 30.0
     disable_auto_complete_config: bool = False
     log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"  # or "ISO8601"
+    log_file: str = ""  # "" = stderr
     exit_on_error: bool = True
     backend_config: tuple[tuple[str, str, str], ...] = ()
     grpc_edge: str = GrpcEdge.AUTO

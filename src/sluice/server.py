@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 import time
 from typing import Any
 
 from .config import GrpcEdge, ServerConfig
 from .errors import ServerError
+from .logsettings import LogSettings, setup_logging
 from .repository.manager import ModelManager
 from .service import InferenceService
 
@@ -28,10 +28,10 @@ log = logging.getLogger("sluice")
 
 
 class Server:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, logs: LogSettings | None = None) -> None:
         self.config = config
         self.manager = ModelManager(config)
-        self.service = InferenceService(config, self.manager)
+        self.service = InferenceService(config, self.manager, logs)
         self._stop = asyncio.Event()
         self._http: Any = None
         self._metrics: Any = None
@@ -154,17 +154,21 @@ class Server:
         return 0 if drained else 1
 
 
-def _setup_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s] %(message)s",
-        stream=sys.stderr,
+def log_settings(config: ServerConfig) -> LogSettings:
+    return LogSettings(
+        log_file=config.log_file,
+        log_info=config.log_info,
+        log_warning=config.log_warning,
+        log_error=config.log_error,
+        log_verbose_level=config.log_verbose,
+        log_format=config.log_format,
     )
 
 
 def run(config: ServerConfig) -> int:
     """Entry point of ``sluice serve``; returns the process exit status."""
-    _setup_logging(config.log_verbose)
+    settings = log_settings(config)
+    setup_logging(settings)
     try:
         import uvloop
 
@@ -173,7 +177,7 @@ def run(config: ServerConfig) -> int:
         pass
 
     async def main() -> int:
-        server = Server(config)
+        server = Server(config, settings)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_stop)

@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import SERVER_NAME, __version__
 from .config import ControlMode, ServerConfig
 from .errors import InvalidArgument, ServerError, Unavailable
+from .logsettings import LogSettings
 from .repository.layout import check_model_name
 from .repository.manager import ModelManager
 from .repository.states import ServingVersion, TensorInfo
@@ -29,13 +30,18 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",
 ]
 
 
 class InferenceService:
-    def __init__(self, config: ServerConfig, manager: ModelManager) -> None:
+    def __init__(
+        self, config: ServerConfig, manager: ModelManager, logs: LogSettings | None = None
+    ) -> None:
         self.config = config
         self.manager = manager
+        # the settings that the server's log handler filters with (logging extension)
+        self.logs = logs or LogSettings(log_verbose_level=config.log_verbose)
         self.serving = manager.serving
         self._accepting = True
         self._inflight = 0
@@ -155,6 +161,13 @@ class InferenceService:
         self._check_control()
         dependents = bool((parameters or {}).get("unload_dependents", False))
         await self.manager.unload(name, dependents)
+
+    # --- logging extension ----------------------------------------------------
+    def log_settings(self) -> dict[str, Any]:
+        return self.logs.as_dict()
+
+    def update_log_settings(self, doc: Any) -> dict[str, Any]:
+        return self.logs.update(doc)
 
     # --- statistics -----------------------------------------------------------
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

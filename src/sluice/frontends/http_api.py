@@ -59,7 +59,7 @@ _NOT_READY: Result = (400, b"", [])  # server not live/ready: a bare 400, as Tri
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 # Triton extensions this server answers with 501 rather than 404.
-_UNSUPPORTED_ROOTS = {b"systemsharedmemory", b"cudasharedmemory", b"trace", b"logging"}
+_UNSUPPORTED_ROOTS = {b"systemsharedmemory", b"cudasharedmemory", b"trace"}
 _UNSUPPORTED_MODEL_ACTIONS = {b"trace"}
 _SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -319,6 +319,12 @@ class HttpFrontend:
                     doc = _json_body(await _read_body(receive), "unload")
                     await self.service.unload_model(name, _params(doc, "unload") or None)
                 return _OK_EMPTY
+        elif head == b"logging" and n == 3:
+            _only(method, "GET", "POST")
+            if method == "GET":
+                return _json(self.service.log_settings())
+            doc = _json_body(await _read_body(receive), "logging")
+            return _json(self.service.update_log_settings(doc))
         elif head in _UNSUPPORTED_ROOTS:
             return _error(501, f"the {head.decode()} extension is not supported by this server")
         return _error(404, f"no route for {scope['path']}")
