@@ -34,6 +34,7 @@ from ..cache import ResponseCache
 from ..config import ControlMode, ServerConfig
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from ..scheduling.scheduler import Scheduler
+from ..scheduling.sequence import SequenceScheduler
 from ..serving import Serving
 from ..stats import ModelStats
 from . import layout
@@ -412,7 +413,11 @@ class ModelManager:
                     ) from errors[0]
                 stats = rec.stats.get(v) or ModelStats(name, str(v))
                 rec.stats[v] = stats
-                scheduler = Scheduler(name, str(v), config, instances, stats)
+                scheduler = (
+                    SequenceScheduler(name, str(v), config, instances, stats)
+                    if config.HasField("sequence_batching")
+                    else Scheduler(name, str(v), config, instances, stats)
+                )
                 inputs = tensor_infos(list(config.input))
                 new[v] = ServingVersion(
                     spec=spec,

@@ -1,0 +1,270 @@
+"""The sequence batcher (``sequence_batching``): stateful models, one correlation id per
+sequence of requests.
+
+Rules of this file (Triton 2.51's behaviour, checked on this machine, except where noted):
+- Every request carries a correlation id (request parameter ``sequence_id``: a non-zero
+  integer or a non-empty string) and, on the first request of a sequence, the START flag
+  (``sequence_start``); ``sequence_end`` ends it. Texts: "inference request to model 'm' must
+  specify a non-zero or non-empty correlation ID", "inference request for sequence N to model
+  'm' must specify the START flag on the first request of the sequence".
+- A sequence is bound to one instance from START to END (both ``direct`` and ``oldest``):
+  a model may keep its state per correlation id. Its requests execute one at a time, in
+  arrival order.
+- A batch takes at most one request per sequence, oldest first, up to ``max_batch_size``
+  (``direct``: the sequences bound to the free instance; ``oldest`` too, batching across
+  them with ``max_queue_delay_microseconds``). Unlike Triton's ``direct``, no "null"
+  requests (READY=0) pad a batch: the model sees only real requests.
+- Control inputs (``control_input``) are added to each request: START, END and READY with
+  the config's false/true values and type, CORRID with its data type, shape [1] (plus the
+  batch dimension when the model batches).
+- A sequence with no request for ``max_sequence_idle_microseconds`` (default 1 s) is released;
+  a later request without START is refused with Triton's text, plus that it was idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..backends.base import ModelInstance
+from ..errors import InvalidArgument
+from ..stats import ModelStats
+from ..types import InferRequest, InferResponse
+from .policy import Job
+from .scheduler import Scheduler
+
+__all__ = ["SequenceScheduler"]
+
+_SB = mc.ModelSequenceBatching
+_DEFAULT_IDLE_US = 1_000_000
+_STRING_CORRID_TYPES = {mc.TYPE_STRING}
+
+
+@dataclass(slots=True, eq=False)
+class _Sequence:
+    corr: Any
+    instance: ModelInstance
+    pending: deque[Job] = field(default_factory=deque)
+    running: bool = False
+    ended: bool = False
+    last_ns: int = 0
+
+
+def _flag(value: Any) -> bool:
+    return value is True or (type(value) in (int, float) and value != 0)
+
+
+class SequenceScheduler(Scheduler):
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        config: mc.ModelConfig,
+        instances: list[ModelInstance],
+        stats: ModelStats,
+    ) -> None:
+        super().__init__(model, version, config, instances, stats)
+        sb = config.sequence_batching
+        self._max_batch = max(config.max_batch_size, 1)
+        self._batch_dim = config.max_batch_size > 0
+        self._oldest = sb.HasField("oldest")
+        self._delay_ns = sb.oldest.max_queue_delay_microseconds * 1000 if self._oldest else 0
+        idle_us = sb.max_sequence_idle_microseconds or _DEFAULT_IDLE_US
+        self._idle_ns = idle_us * 1000
+        self._controls = _controls(sb)
+        self._sequences: dict[Any, _Sequence] = {}
+        self._released: OrderedDict[Any, int] = OrderedDict()  # recently idled out
+        self._reaper: asyncio.TimerHandle | None = None
+        self._job_seq: dict[int, _Sequence] = {}  # id(job) -> its sequence, while it runs
+
+    # ------------------------------------------------------------------ submit
+    def submit(
+        self,
+        request: InferRequest,
+        batch_size: int,
+        shape_key: tuple[Any, ...],
+        priority: int = 0,
+        timeout_us: int = 0,
+    ) -> asyncio.Future[InferResponse]:
+        params = request.parameters
+        corr = params.get("sequence_id", 0)
+        if corr in (0, "", None) or isinstance(corr, bool):
+            raise InvalidArgument(
+                f"inference request to model '{self.model}' must specify a non-zero or "
+                "non-empty correlation ID"
+            )
+        start = _flag(params.get("sequence_start"))
+        end = _flag(params.get("sequence_end"))
+        seq = self._sequences.get(corr)
+        now = time.monotonic_ns()
+        if start:
+            if seq is None or seq.ended:
+                seq = self._sequences[corr] = _Sequence(corr, self._least_loaded())
+                self._released.pop(corr, None)
+        elif seq is None or seq.ended:
+            idle = self._released.get(corr)
+            why = (
+                f" (the sequence was released after {idle // 1000} us without a request: "
+                "max_sequence_idle_microseconds)"
+                if idle is not None
+                else ""
+            )
+            raise InvalidArgument(
+                f"inference request for sequence {corr} to model '{self.model}' must specify "
+                f"the START flag on the first request of the sequence{why}"
+            )
+        if end:
+            seq.ended = True
+        seq.last_ns = now
+        self._add_controls(request, corr, start, end)
+        fut: asyncio.Future[InferResponse] = self._loop.create_future()
+        seq.pending.append(Job(request, fut, batch_size, shape_key, now))
+        self._queued += 1
+        self.stats.pending += 1
+        if not self._dispatch_soon:
+            self._dispatch_soon = True
+            self._loop.call_soon(self._deferred_dispatch)
+        self._arm_reaper()
+        return fut
+
+    def _least_loaded(self) -> ModelInstance:
+        load = {id(i): 0 for i in self._instances}
+        for s in self._sequences.values():
+            if not s.ended or s.pending or s.running:
+                load[id(s.instance)] += 1
+        return min(self._instances, key=lambda i: load[id(i)])
+
+    def _add_controls(self, request: InferRequest, corr: Any, start: bool, end: bool) -> None:
+        shape = (1, 1) if self._batch_dim else (1,)
+        for name, kind, values, dtype, datatype in self._controls:
+            if kind == _SB.Control.CONTROL_SEQUENCE_START:
+                value: Any = values[1 if start else 0]
+            elif kind == _SB.Control.CONTROL_SEQUENCE_END:
+                value = values[1 if end else 0]
+            elif kind == _SB.Control.CONTROL_SEQUENCE_READY:
+                value = values[1]
+            else:  # CORRID
+                if datatype == "BYTES":
+                    value = str(corr).encode()
+                elif isinstance(corr, str):
+                    raise InvalidArgument(
+                        f"inference request to model '{self.model}': correlation ID '{corr}' "
+                        f"is a string but the CORRID control '{name}' is {datatype}"
+                    )
+                else:
+                    value = corr
+            request.inputs[name] = np.full(shape, value, dtype=dtype)
+
+    # ---------------------------------------------------------------- dispatch
+    def _dispatch(self) -> None:
+        now = time.monotonic_ns()
+        wait_until = 0
+        for inst in list(self._idle):
+            ready = [
+                s
+                for s in self._sequences.values()
+                if s.instance is inst and s.pending and not s.running
+            ]
+            if not ready:
+                continue
+            ready.sort(key=lambda s: s.pending[0].enqueue_ns)
+            chosen = ready[: self._max_batch]
+            if self._oldest and len(chosen) < self._max_batch and self._delay_ns:
+                due = chosen[0].pending[0].enqueue_ns + self._delay_ns
+                if now < due:
+                    wait_until = due if not wait_until else min(wait_until, due)
+                    continue
+            jobs = []
+            for s in chosen:
+                s.running = True
+                job = s.pending.popleft()
+                self._job_seq[id(job)] = s
+                jobs.append(job)
+            self._queued -= len(jobs)
+            self._idle.remove(inst)
+            self._running += 1
+            task = self._loop.create_task(self._run(inst, jobs, None))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if wait_until:
+            self._arm(wait_until)
+
+    def _deliver(self, jobs: list[Job], results: list[Any]) -> None:
+        # before the base class dispatches again: the sequences may send their next request
+        now = time.monotonic_ns()
+        for job in jobs:
+            s = self._job_seq.pop(id(job), None)
+            if s is None:
+                continue
+            s.running = False
+            s.last_ns = now
+            if s.ended and not s.pending and self._sequences.get(s.corr) is s:
+                del self._sequences[s.corr]
+        super()._deliver(jobs, results)
+
+    def fail_queued(self, error: Any) -> None:
+        for s in self._sequences.values():
+            while s.pending:
+                job = s.pending.popleft()
+                self._queued -= 1
+                self.stats.pending -= 1
+                if not job.future.done():
+                    job.future.set_exception(error)
+        super().fail_queued(error)
+
+    # -------------------------------------------------------------------- idle
+    def _arm_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = self._loop.call_later(self._idle_ns / 1e9, self._reap)
+
+    def _reap(self) -> None:
+        self._reaper = None
+        now = time.monotonic_ns()
+        for corr, s in list(self._sequences.items()):
+            if not s.running and not s.pending and now - s.last_ns >= self._idle_ns:
+                del self._sequences[corr]
+                if not s.ended:
+                    self._released[corr] = now - s.last_ns
+                    while len(self._released) > 4096:
+                        self._released.popitem(last=False)
+        if self._sequences:
+            self._arm_reaper()
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        await super().stop(grace)
+
+
+def _controls(sb: mc.ModelSequenceBatching) -> list[tuple[str, int, list[Any], Any, str]]:
+    """(input name, kind, [false, true] values, numpy dtype, KServe datatype) per control."""
+    out: list[tuple[str, int, list[Any], Any, str]] = []
+    for ci in sb.control_input:
+        for c in ci.control:
+            if c.kind == _SB.Control.CONTROL_SEQUENCE_CORRID:
+                if c.data_type in _STRING_CORRID_TYPES:
+                    out.append((ci.name, c.kind, [], np.object_, "BYTES"))
+                else:
+                    from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
+
+                    dt = config_to_kserve(mc.DataType.Name(c.data_type))
+                    out.append((ci.name, c.kind, [], kserve_to_numpy(dt), dt))
+            elif c.int32_false_true:
+                out.append((ci.name, c.kind, list(c.int32_false_true), np.int32, "INT32"))
+            elif c.fp32_false_true:
+                out.append((ci.name, c.kind, list(c.fp32_false_true), np.float32, "FP32"))
+            elif c.bool_false_true:
+                out.append((ci.name, c.kind, list(c.bool_false_true), np.bool_, "BOOL"))
+            else:
+                raise InvalidArgument(
+                    f"sequence_batching control input '{ci.name}' needs int32_false_true, "
+                    "fp32_false_true or bool_false_true"
+                )
+    return out
