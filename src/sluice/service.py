@@ -23,6 +23,7 @@ from .types import InferRequest, InferResponse
 __all__ = ["InferenceService", "EXTENSIONS"]
 
 EXTENSIONS = [
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
