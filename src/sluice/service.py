@@ -15,9 +15,11 @@ from . import SERVER_NAME, __version__
 from .config import ControlMode, ServerConfig
 from .errors import InvalidArgument, ServerError, Unavailable
 from .logsettings import LogSettings
+from .protocol.datatypes import kserve_to_numpy
 from .repository.layout import check_model_name
 from .repository.manager import ModelManager
 from .repository.states import ServingVersion, TensorInfo
+from .shared_memory import SharedMemoryRegistry
 from .types import InferRequest, InferResponse
 
 __all__ = ["InferenceService", "EXTENSIONS"]
@@ -31,6 +33,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "system_shared_memory",
     "logging",
 ]
 
@@ -41,6 +44,7 @@ class InferenceService:
     ) -> None:
         self.config = config
         self.manager = manager
+        self.shm = SharedMemoryRegistry()  # the system shared memory extension
         # the settings that the server's log handler filters with (logging extension)
         self.logs = logs or LogSettings(log_verbose_level=config.log_verbose)
         self.serving = manager.serving
@@ -104,11 +108,41 @@ class InferenceService:
         "ModelInfer RPC") words the refusal of a decoupled model as Triton does."""
         if not self._accepting:
             raise Unavailable("Server is shutting down: new inference requests are refused")
+        if request.shm_inputs:
+            self._read_shm_inputs(request)
         self._inflight += 1
         try:
-            return await self.serving.infer(request, protocol=protocol, single=single)
+            response = await self.serving.infer(request, protocol=protocol, single=single)
         finally:
             self._left()
+        if request.outputs:
+            self._write_shm_outputs(request, response)
+        return response
+
+    def _read_shm_inputs(self, request: InferRequest) -> None:
+        assert request.shm_inputs is not None
+        for name, (region, offset, size, datatype, shape) in request.shm_inputs.items():
+            dtype = kserve_to_numpy(datatype)
+            assert dtype is not None
+            request.inputs[name] = self.shm.read(region, offset, size, dtype, shape, name)
+
+    def _write_shm_outputs(self, request: InferRequest, response: InferResponse) -> None:
+        """Outputs asked for in shared memory are copied into their region; the encoders then
+        say where instead of sending the bytes."""
+        assert request.outputs is not None
+        for spec in request.outputs:
+            region = spec.parameters.get("shared_memory_region")
+            if region is None or spec.name not in response.outputs:
+                continue
+            p = spec.parameters
+            written = self.shm.write(
+                region,
+                p.get("shared_memory_offset", 0),
+                p.get("shared_memory_byte_size", 0),
+                response.outputs[spec.name],
+                spec.name,
+            )
+            p["shared_memory_byte_size"] = written
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """0..N responses of a decoupled model (exactly one otherwise); the last is final."""
@@ -162,6 +196,16 @@ class InferenceService:
         self._check_control()
         dependents = bool((parameters or {}).get("unload_dependents", False))
         await self.manager.unload(name, dependents)
+
+    # --- system shared memory extension ---------------------------------------
+    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shm.register(name, key, offset, byte_size)
+
+    def shm_unregister(self, name: str = "") -> None:
+        self.shm.unregister(name)
+
+    def shm_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self.shm.status(name)
 
     # --- logging extension ----------------------------------------------------
     def log_settings(self) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class InferRequest:
     on_cancel: Callable[[], object] | None = None
     # BLS: the models whose execute() is waiting on this request (a call cycle is refused).
     callers: tuple[str, ...] = ()
+    # System shared memory inputs, resolved by the service: name -> (region, offset,
+    # byte size, KServe datatype, shape)
+    shm_inputs: dict[str, tuple[str, int, int, str, tuple[int, ...]]] | None = None
 
 
 @dataclass(slots=True)

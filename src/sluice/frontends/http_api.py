@@ -59,7 +59,7 @@ _NOT_READY: Result = (400, b"", [])  # server not live/ready: a bare 400, as Tri
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 # Triton extensions this server answers with 501 rather than 404.
-_UNSUPPORTED_ROOTS = {b"systemsharedmemory", b"cudasharedmemory", b"trace"}
+_UNSUPPORTED_ROOTS = {b"trace"}
 _UNSUPPORTED_MODEL_ACTIONS = {b"trace"}
 _SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -319,6 +319,16 @@ class HttpFrontend:
                     doc = _json_body(await _read_body(receive), "unload")
                     await self.service.unload_model(name, _params(doc, "unload") or None)
                 return _OK_EMPTY
+        elif head == b"systemsharedmemory":
+            return await self._system_shm(receive, parts, method, scope)
+        elif head == b"cudasharedmemory":
+            if parts[-1] == b"status" and method == "GET":
+                return _json([])  # no regions (as a Triton without GPUs answers)
+            return _error(
+                501,
+                "CUDA shared memory is not supported without a GPU: this server has none (use "
+                "system shared memory)",
+            )
         elif head == b"logging" and n == 3:
             _only(method, "GET", "POST")
             if method == "GET":
@@ -327,6 +337,35 @@ class HttpFrontend:
             return _json(self.service.update_log_settings(doc))
         elif head in _UNSUPPORTED_ROOTS:
             return _error(501, f"the {head.decode()} extension is not supported by this server")
+        return _error(404, f"no route for {scope['path']}")
+
+    async def _system_shm(
+        self, receive: Receive, parts: list[bytes], method: str, scope: Scope
+    ) -> Result:
+        # /v2/systemsharedmemory[/region/<name>]/(status|register|unregister)
+        rest = parts[3:]
+        name = ""
+        if len(rest) == 3 and rest[0] == b"region":
+            name = _seg(rest[1])
+            rest = rest[2:]
+        if len(rest) != 1:
+            return _error(404, f"no route for {scope['path']}")
+        action = rest[0]
+        if action == b"status":
+            _only(method, "GET")
+            return _json(self.service.shm_status(name))
+        if action == b"register" and name:
+            _only(method, "POST")
+            doc = _json_body(await _read_body(receive), "shared memory register")
+            self.service.shm_register(
+                name, doc.get("key", ""), doc.get("offset", 0), doc.get("byte_size", -1)
+            )
+            return _OK_EMPTY
+        if action == b"unregister":
+            _only(method, "POST")
+            await _read_body(receive)
+            self.service.shm_unregister(name)
+            return _OK_EMPTY
         return _error(404, f"no route for {scope['path']}")
 
     async def _model_route(

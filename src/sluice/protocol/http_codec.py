@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument, Unsupported
+from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
 from . import bytes_tensor
 from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
@@ -200,6 +200,7 @@ def decode_infer_request(
     inputs: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
     pos = header_length  # read cursor into the binary tail
+    shm_inputs: dict[str, tuple[str, int, int, str, tuple[int, ...]]] = {}
     for idx, tin in enumerate(inputs_doc):
         if type(tin) is not dict:
             raise _bad(f"'inputs[{idx}]' must be a JSON object")
@@ -234,9 +235,17 @@ def decode_infer_request(
                 raise _bad(f"input '{name}': 'parameters' must be a JSON object")
             size = tparams.get("binary_data_size")
             if "shared_memory_region" in tparams:
-                raise Unsupported(
-                    f"input '{name}': shared memory inputs are not supported by this server"
+                if "data" in tin or size is not None:
+                    raise _bad(f"input '{name}' has shared_memory_region and data")
+                shm_inputs[name] = (
+                    tparams["shared_memory_region"],
+                    tparams.get("shared_memory_offset", 0),
+                    tparams.get("shared_memory_byte_size", -1),
+                    datatype,
+                    tuple(shape),
                 )
+                datatypes[name] = datatype
+                continue
 
         if size is None:
             if "data" not in tin:
@@ -299,13 +308,12 @@ def decode_infer_request(
                 oparams = {}
             elif type(oparams) is not dict:
                 raise _bad(f"output '{oname}': 'parameters' must be a JSON object")
-            elif "shared_memory_region" in oparams:
-                raise Unsupported(
-                    f"output '{oname}': shared memory outputs are not supported by this server"
-                )
             outputs.append(OutputSpec(oname, oparams))
 
-    return InferRequest(model_name, model_version, req_id, inputs, datatypes, outputs, params)
+    request = InferRequest(model_name, model_version, req_id, inputs, datatypes, outputs, params)
+    if shm_inputs:
+        request.shm_inputs = shm_inputs
+    return request
 
 
 # --------------------------------------------------------------------------- response encode
@@ -377,11 +385,13 @@ def encode_infer_response(
                 f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
             )
         binary = default_binary
+        shm = None
         if spec is not None:
             flag = spec.parameters.get("binary_data")
             if flag is not None:
                 binary = bool(flag)
-        data = None if binary else _json_data(datatype, arr)
+            shm = spec.parameters.get("shared_memory_region")
+        data = None if binary or shm is not None else _json_data(datatype, arr)
         parts.append('{"name":' if first else ',{"name":')
         first = False
         parts.append(_enc(name))
@@ -389,7 +399,9 @@ def encode_infer_response(
         parts.append(_enc(datatype))
         parts.append(',"shape":[')
         parts.append(",".join(map(str, arr.shape)))
-        if data is None:  # binary, or BYTES that are not UTF-8 (sent binary: clients cope)
+        if shm is not None:  # written into the region by the service: no data (as Triton)
+            parts.append("]}")
+        elif data is None:  # binary, or BYTES that are not UTF-8 (sent binary: clients cope)
             raw = _binary(datatype, arr)
             tail.append(raw)
             parts.append('],"parameters":{"binary_data_size":')
