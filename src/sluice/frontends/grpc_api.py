@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -32,6 +32,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from ..errors import ServerError, Status, Unsupported
 from ..protocol import grpc_codec as codec
 from ..service import InferenceService
+from ..types import InferRequest, InferResponse
 from .errors import grpc_error
 
 __all__ = [
@@ -49,6 +50,7 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"
 
 _UnaryHandler = Callable[[Any], Awaitable[Message]]
+_T = TypeVar("_T")
 
 _UNSUPPORTED = {
     "SystemSharedMemoryStatus": "system shared memory",
@@ -70,6 +72,22 @@ def _stream_error(msg: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamIn
             model_name=msg.model_name, model_version=msg.model_version, id=msg.id
         ),
     )
+
+
+def _stream_message(resp: InferResponse, req: InferRequest) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(infer_response=codec.encode_infer_response(resp, req))
+
+
+def _stream_parts(resp: InferResponse, req: InferRequest) -> list[bytes | memoryview]:
+    return codec.stream_response_parts(codec.encode_infer_response_parts(resp, req))
+
+
+def _as_is(msg: pb.ModelStreamInferResponse) -> pb.ModelStreamInferResponse:
+    return msg
+
+
+def _serialized(msg: pb.ModelStreamInferResponse) -> list[bytes | memoryview]:
+    return [msg.SerializeToString()]
 
 
 class GrpcHandlers:
@@ -113,7 +131,18 @@ class GrpcHandlers:
         response = await self.service.infer(req, protocol="ModelInfer RPC")
         return codec.encode_infer_response(response, req)
 
-    async def stream(
+    async def model_infer_parts(
+        self, request: tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None]
+    ) -> list[bytes | memoryview]:
+        """``ModelInfer`` on the wire format (the native edge): the request as
+        ``codec.parse_model_infer`` splits it, the response serialized as parts whose
+        concatenation is the ModelInferResponse. Tensors are never copied by protobuf."""
+        msg, raws = request
+        req = codec.decode_infer_request(msg, raws)
+        response = await self.service.infer(req, protocol="ModelInfer RPC")
+        return codec.encode_infer_response_parts(response, req)
+
+    def stream(
         self, msg: pb.ModelInferRequest
     ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
         """The responses to one request of ``ModelStreamInfer``: one for a plain model, 0..N
@@ -122,21 +151,37 @@ class GrpcHandlers:
         ``triton_enable_empty_final_response`` every response carries
         ``triton_final_response`` and a decoupled model's empty final response is sent;
         without it, that empty response is not."""
+        return self._stream(msg, None, _stream_message, _as_is)
+
+    def stream_parts(
+        self, request: tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None]
+    ) -> AsyncGenerator[list[bytes | memoryview], None]:
+        """``stream`` on the wire format (the native edge): the request as
+        ``codec.parse_model_infer`` splits it; each response serialized as parts."""
+        msg, raws = request
+        return self._stream(msg, raws, _stream_parts, _serialized)
+
+    async def _stream(
+        self,
+        msg: pb.ModelInferRequest,
+        raws: Sequence[bytes | memoryview] | None,
+        encode: Callable[[InferResponse, InferRequest], _T],
+        error: Callable[[pb.ModelStreamInferResponse], _T],
+    ) -> AsyncGenerator[_T, None]:
         try:
-            req = codec.decode_infer_request(msg)
+            req = codec.decode_infer_request(msg, raws)
             flag = req.parameters.get("triton_enable_empty_final_response", False)
             async for resp in self.service.infer_stream(req):
                 if resp.error is not None:
-                    yield _stream_error(msg, resp.error)
+                    yield error(_stream_error(msg, resp.error))
                     continue
                 if flag:
                     resp.parameters["triton_final_response"] = resp.final
                 elif resp.final and not resp.outputs and not resp.parameters:
                     continue  # the empty final response of a decoupled model
-                out = codec.encode_infer_response(resp, req)
-                yield pb.ModelStreamInferResponse(infer_response=out)
+                yield encode(resp, req)
         except Exception as exc:
-            yield _stream_error(msg, exc)
+            yield error(_stream_error(msg, exc))
 
     # --- repository ---------------------------------------------------------
     async def RepositoryIndex(

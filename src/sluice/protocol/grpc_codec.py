@@ -2,15 +2,20 @@
 
 Rules of this file:
 - Pure functions; the message classes come from tritonclient's generated modules.
-- ``raw_input_contents`` are decoded with ``np.frombuffer`` (the bytes object protobuf hands
-  out is the only copy). Outputs always go out as ``raw_output_contents`` (as Triton does).
+- ``raw_input_contents`` are decoded with ``np.frombuffer``. On the native edge the received
+  message is split first (``parse_model_infer``): the raw contents stay views of the received
+  buffer and only the rest goes through protobuf, which would copy every tensor twice.
+- Outputs always go out as ``raw_output_contents`` (as Triton does). On the native edge the
+  response leaves as parts (``encode_infer_response_parts``): the serialized message without
+  its raw contents, then each raw content's field header and the tensor's own buffer, so the
+  extension copies each tensor once, into gRPC's slice; protobuf never sees the tensors.
 - Client mistakes raise ``InvalidArgument`` naming the input and the field.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +31,9 @@ from .http_codec import as_wire_dtype, deserialize_bytes_tensor, serialize_bytes
 __all__ = [
     "decode_infer_request",
     "encode_infer_response",
+    "parse_model_infer",
+    "encode_infer_response_parts",
+    "stream_response_parts",
     "encode_infer_request",
     "decode_infer_response",
     "params_to_dict",
@@ -115,9 +123,115 @@ def _typed_contents(name: str, datatype: str, tin: Any, count: int) -> np.ndarra
         ) from None
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
-    """ModelInferRequest -> InferRequest (numpy views on the raw contents)."""
-    raws = msg.raw_input_contents
+# --------------------------------------------------------------------------- wire format
+# Only what the zero-copy split needs: varints and the top-level field keys.
+_RAW_INPUT_KEY = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
+_RAW_OUTPUT_KEY = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents
+_STREAM_RESPONSE_KEY = bytes([(2 << 3) | 2])  # ModelStreamInferResponse.infer_response
+# Below this size protobuf's own parse (one C call) is cheaper than the split in Python.
+SPLIT_MIN_BYTES = 16 * 1024
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    value = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise _Malformed
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _split_raw_inputs(
+    payload: bytes | memoryview,
+) -> tuple[bytes | memoryview, list[memoryview]] | None:
+    """``payload`` (a serialized ModelInferRequest) as (the message without its
+    raw_input_contents, views of each raw content in order), or None where it does not scan
+    (protobuf then parses it whole and says what is wrong)."""
+    view = memoryview(payload)
+    n = len(payload)
+    head: list[memoryview] = []
+    raws: list[memoryview] = []
+    pos = kept = 0
+    try:
+        while pos < n:
+            start = pos
+            key, pos = _read_varint(payload, pos)
+            wire = key & 7
+            if wire == 2:
+                length, pos = _read_varint(payload, pos)
+                end = pos + length
+                if end > n:
+                    return None
+                if key == _RAW_INPUT_KEY:
+                    if start > kept:
+                        head.append(view[kept:start])
+                    raws.append(view[pos:end])
+                    kept = end
+                pos = end
+            elif wire == 0:
+                _, pos = _read_varint(payload, pos)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:  # groups: not in this message
+                return None
+    except (IndexError, _Malformed):
+        return None
+    if pos != n:
+        return None
+    if not raws:
+        return payload, raws
+    head.append(view[kept:n])
+    return b"".join(head), raws
+
+
+def parse_model_infer(
+    payload: bytes | memoryview,
+) -> tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None]:
+    """A received ModelInferRequest -> (the message, its raw_input_contents). Large messages
+    are split first: the raw contents are views of ``payload`` (no copy) and the message
+    holds the rest; small ones are parsed whole (raw contents None: read them from the
+    message). ``payload`` may be a memoryview (the native edge hands large messages over
+    as one). Raises protobuf's ``DecodeError`` on a malformed message."""
+    if len(payload) >= SPLIT_MIN_BYTES:
+        split = _split_raw_inputs(payload)
+        if split is not None:
+            head, raws = split
+            return pb.ModelInferRequest.FromString(head), raws
+    return pb.ModelInferRequest.FromString(payload), None
+
+
+def decode_infer_request(
+    msg: pb.ModelInferRequest, raw_contents: Sequence[bytes | memoryview] | None = None
+) -> InferRequest:
+    """ModelInferRequest -> InferRequest (numpy views on the raw contents). ``raw_contents``
+    replaces the message's raw_input_contents (``parse_model_infer`` split them off)."""
+    raws: Sequence[bytes | memoryview] = (
+        msg.raw_input_contents if raw_contents is None else raw_contents
+    )
     n_raw = len(raws)
     tins = msg.inputs
     if n_raw and n_raw != len(tins):
@@ -201,18 +315,28 @@ def _raw(datatype: str, arr: np.ndarray) -> bytes:
     return as_wire_dtype(datatype, arr).tobytes()
 
 
+def _raw_view(datatype: str, arr: np.ndarray) -> bytes | memoryview:
+    """The tensor's raw content without a copy where it is already laid out as sent."""
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(arr)
+    arr = as_wire_dtype(datatype, arr)
+    if arr.nbytes < 4096 or not arr.flags.c_contiguous:
+        return arr.tobytes()  # small: bytes are cheaper than a memoryview
+    return arr.data.cast("B")
+
+
 # --------------------------------------------------------------------------- infer response
-def encode_infer_response(
-    response: InferResponse, request: InferRequest | None = None
-) -> pb.ModelInferResponse:
-    """InferResponse -> ModelInferResponse with raw_output_contents. Only the outputs the
-    request asked for are sent, in the order asked."""
+def _output_tensors(
+    response: InferResponse, request: InferRequest | None
+) -> tuple[list[Any], list[tuple[str, np.ndarray]]]:
+    """The response's output tensor messages and (datatype, array) pairs: only the outputs
+    the request asked for, in the order asked."""
     outs = response.outputs
     dtypes = response.output_datatypes
     wanted = request.outputs if request is not None else None
     names: Iterable[str] = outs if wanted is None else [s.name for s in wanted if s.name in outs]
     tensors = []
-    raws = []
+    arrays = []
     for name in names:
         arr = outs[name]
         datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
@@ -221,18 +345,110 @@ def encode_infer_response(
                 f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
             )
         tensors.append(_OutTensor(name=name, datatype=datatype, shape=arr.shape))
-        raws.append(_raw(datatype, arr))
+        arrays.append((datatype, arr))
+    return tensors, arrays
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest | None = None
+) -> pb.ModelInferResponse:
+    """InferResponse -> ModelInferResponse with raw_output_contents. Only the outputs the
+    request asked for are sent, in the order asked."""
+    tensors, arrays = _output_tensors(response, request)
     # one constructor call: far cheaper than extend()/add() on upb repeated fields
     msg = _Response(
         model_name=response.model_name,
         model_version=response.model_version,
         id=response.id,
         outputs=tensors,
-        raw_output_contents=raws,
+        raw_output_contents=[_raw(datatype, arr) for datatype, arr in arrays],
     )
     if response.parameters:
         dict_to_params(response.parameters, msg.parameters)
     return msg
+
+
+def encode_infer_response_parts(
+    response: InferResponse, request: InferRequest | None = None
+) -> list[bytes | memoryview]:
+    """``encode_infer_response`` serialized, as buffers whose concatenation is the message:
+    its names and output tensor descriptions (each description serialized by protobuf once
+    per name, datatype and shape, then reused), its parameters, then per output the
+    raw_output_contents field key and length and the tensor's own buffer (protobuf accepts
+    fields in any order). Nothing here copies a tensor that is already in its wire layout;
+    the receiver of the parts copies once."""
+    outs = response.outputs
+    dtypes = response.output_datatypes
+    wanted = request.outputs if request is not None else None
+    names: Iterable[str] = outs if wanted is None else [s.name for s in wanted if s.name in outs]
+    head = [_string_field(b"\x0a", response.model_name)] if response.model_name else []
+    if response.model_version:
+        head.append(_string_field(b"\x12", response.model_version))
+    if response.id:
+        head.append(_string_field(b"\x1a", response.id))
+    if response.parameters:
+        params = _Response()
+        dict_to_params(response.parameters, params.parameters)
+        head.append(params.SerializeToString())
+    raws = []
+    for name in names:
+        arr = outs[name]
+        datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
+        if datatype is None:
+            raise InvalidArgument(
+                f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
+            )
+        head.append(_output_field(name, datatype, arr.shape))
+        raws.append(_raw_view(datatype, arr))
+    parts: list[bytes | memoryview] = [b"".join(head)]
+    for raw in raws:
+        if isinstance(raw, bytes):  # small, or already copied: one part
+            parts.append(_raw_output_header(len(raw)) + raw)
+        else:
+            parts.append(_raw_output_header(len(raw)))
+            parts.append(raw)
+    return parts
+
+
+def _string_field(key: bytes, value: str) -> bytes:
+    data = value.encode()
+    return key + _varint(len(data)) + data
+
+
+# (name, datatype, shape) -> the serialized `outputs` field describing that tensor
+_OUTPUT_FIELDS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+_CACHE_MAX = 1024
+
+
+def _output_field(name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    key = (name, datatype, shape)
+    field = _OUTPUT_FIELDS.get(key)
+    if field is None:
+        field = _Response(
+            outputs=[_OutTensor(name=name, datatype=datatype, shape=shape)]
+        ).SerializeToString()
+        if len(_OUTPUT_FIELDS) >= _CACHE_MAX:
+            _OUTPUT_FIELDS.clear()
+        _OUTPUT_FIELDS[key] = field
+    return field
+
+
+_RAW_OUTPUT_HEADERS: dict[int, bytes] = {}
+
+
+def _raw_output_header(size: int) -> bytes:
+    header = _RAW_OUTPUT_HEADERS.get(size)
+    if header is None:
+        header = _RAW_OUTPUT_KEY + _varint(size)
+        if len(_RAW_OUTPUT_HEADERS) < _CACHE_MAX:  # the sizes a server sees repeat
+            _RAW_OUTPUT_HEADERS[size] = header
+    return header
+
+
+def stream_response_parts(parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """A ModelStreamInferResponse carrying the ModelInferResponse given as ``parts``."""
+    size = sum(len(p) for p in parts)
+    return [_STREAM_RESPONSE_KEY + _varint(size), *parts]
 
 
 # --------------------------------------------------------------------------- client side

@@ -6,6 +6,10 @@ Rules of this file:
   asyncio loop through an eventfd; every wake-up drains all pending events.
 - Dispatch is by method path to the same ``GrpcHandlers`` the ``grpc.aio`` edge serves; an
   error is mapped once, here, with ``frontends.errors.grpc_error``.
+- Inference travels in the wire format: ``ModelInfer`` and ``ModelStreamInfer`` requests are
+  split by ``grpc_codec.parse_model_infer`` (tensors stay views of the received bytes) and
+  answered with a list of buffers that the extension concatenates into gRPC's slice (the
+  one copy of each output tensor on its way out).
 - A call cancelled by its client, its deadline or shutdown is finished CANCELLED by the
   extension; here its task is cancelled, so a queued request leaves its queue.
 - Where the extension is not built, ``IMPORT_ERROR`` says why and the server falls back to
@@ -24,13 +28,14 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
 from ...errors import Internal, ServerError, Status
+from ...protocol.grpc_codec import parse_model_infer
 from ...service import InferenceService
 from ..errors import grpc_error
 from ..grpc_api import MAX_MESSAGE_BYTES, SERVICE_NAME, STREAM_METHOD, GrpcHandlers, unary_methods
@@ -93,6 +98,18 @@ def tune_malloc() -> bool:
     return ok
 
 
+_Data = bytes | list[bytes | memoryview]  # a message, or buffers that concatenate to one
+_Entry = tuple[str, Callable[[bytes], Any], Callable[[Any], Awaitable[Any]], Callable[[Any], _Data]]
+
+
+def _serialize(msg: Message) -> bytes:
+    return msg.SerializeToString()
+
+
+def _as_is(parts: _Data) -> _Data:
+    return parts
+
+
 class _Stream:
     __slots__ = ("tasks", "half_closed")
 
@@ -109,10 +126,17 @@ class NativeGrpcServer:
             raise ServerError(f"the native gRPC edge is not available: {IMPORT_ERROR}")
         self.handlers = handlers
         self._edge = _edge.Edge()
-        self._unary: dict[str, tuple[str, type[Message], Any]] = {
-            f"/{SERVICE_NAME}/{name}": (name, cls, handler)
+        # method path -> (name, parse, handler, serialize)
+        self._unary: dict[str, _Entry] = {
+            f"/{SERVICE_NAME}/{name}": (name, cls.FromString, handler, _serialize)
             for name, (cls, handler) in unary_methods(handlers).items()
         }
+        self._unary[f"/{SERVICE_NAME}/ModelInfer"] = (
+            "ModelInfer",
+            parse_model_infer,
+            handlers.model_infer_parts,
+            _as_is,
+        )
         self._stream_path = f"/{SERVICE_NAME}/{STREAM_METHOD}"
         self._calls: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, _Stream] = {}
@@ -151,11 +175,11 @@ class NativeGrpcServer:
                 task.cancel()
 
     # --- answers: queued in the extension, handed to gRPC once per loop iteration ---
-    def _finish(self, cid: int, code: int, message: str, data: bytes | None) -> None:
+    def _finish(self, cid: int, code: int, message: str, data: _Data | None) -> None:
         self._edge.finish(cid, code, message, data)
         self._schedule_flush()
 
-    def _write(self, cid: int, data: bytes) -> None:
+    def _write(self, cid: int, data: bytes | list[bytes | memoryview]) -> None:
         self._edge.write(cid, data)
         self._schedule_flush()
 
@@ -203,16 +227,14 @@ class NativeGrpcServer:
                         task.cancel()
 
     # --- calls ----------------------------------------------------------------
-    async def _unary_call(
-        self, cid: int, entry: tuple[str, type[Message], Any], payload: bytes
-    ) -> None:
-        name, request_cls, handler = entry
+    async def _unary_call(self, cid: int, entry: _Entry, payload: bytes) -> None:
+        name, parse, handler, serialize = entry
         try:
             try:
-                request = request_cls.FromString(payload)
+                request = parse(payload)
             except DecodeError:
                 raise Internal(f"cannot parse the {name} request message") from None
-            data = (await handler(request)).SerializeToString()
+            data = serialize(await handler(request))
         except asyncio.CancelledError:
             return  # the call is over (client cancel, deadline, shutdown): nothing to answer
         except Exception as exc:
@@ -227,15 +249,15 @@ class NativeGrpcServer:
         task = asyncio.current_task()
         try:
             try:
-                msg = pb.ModelInferRequest.FromString(payload)
+                request = parse_model_infer(payload)
             except DecodeError:
                 response = pb.ModelStreamInferResponse(
                     error_message=f"cannot parse a {STREAM_METHOD} request message"
                 )
                 self._write(cid, response.SerializeToString())
             else:
-                async for response in self.handlers.stream(msg):
-                    self._write(cid, response.SerializeToString())
+                async for parts in self.handlers.stream_parts(request):
+                    self._write(cid, parts)
         except asyncio.CancelledError:
             return
         finally:

@@ -19,6 +19,10 @@
 //   asyncio thread when done there.
 // - A call cancelled by the client, by its deadline or by shutdown is finished here at once
 //   (CANCELLED) and Python hears of it (EV_CANCEL) to cancel its task; a late answer is dropped.
+// - Copies: a received message of 64 KB or more is made contiguous on the gRPC thread that
+//   read it and reaches Python as a read-only memoryview over that memory (smaller ones as
+//   bytes); an answer is bytes or a list of buffers (the codec's parts, tensors included)
+//   copied once, into the one slice gRPC sends.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +36,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -50,12 +56,43 @@ enum EventKind { EV_CALL = 0, EV_MESSAGE = 1, EV_HALF_CLOSE = 2, EV_CANCEL = 3 }
 
 class Edge;
 
+// A large received message made contiguous on the gRPC thread that read it (gRPC hands it
+// over as ~64 KB slices), so that the asyncio thread only wraps it: its one copy is not paid
+// on the loop's thread.
+constexpr size_t kFlatMin = 64 * 1024;
+
+struct FreeDeleter {
+  void operator()(char* p) const { free(p); }
+};
+using FlatBuffer = std::unique_ptr<char, FreeDeleter>;
+
 struct Event {
   uint64_t id;
   int kind;
   std::string method;  // EV_CALL only
-  grpc::ByteBuffer payload;  // EV_CALL (unary) and EV_MESSAGE
+  grpc::ByteBuffer payload;  // EV_CALL (unary) and EV_MESSAGE, unless flat
+  FlatBuffer flat{};  // the payload made contiguous (large messages)
+  size_t flat_len = 0;
 };
+
+// Flattens a large payload into `ev.flat` (gRPC thread; no Python). False: left as it was.
+bool Flatten(Event& ev) {
+  size_t n = ev.payload.Length();
+  if (n < kFlatMin) return false;
+  std::vector<grpc::Slice> slices;
+  if (!ev.payload.Dump(&slices).ok()) return false;
+  char* buf = static_cast<char*>(malloc(n));
+  if (buf == nullptr) return false;
+  char* dst = buf;
+  for (const grpc::Slice& s : slices) {
+    memcpy(dst, s.begin(), s.size());
+    dst += s.size();
+  }
+  ev.flat.reset(buf);
+  ev.flat_len = n;
+  ev.payload.Clear();
+  return true;
+}
 
 class Call final : public grpc::ServerGenericBidiReactor {
  public:
@@ -296,6 +333,7 @@ void Call::OnReadDone(bool ok) {
     ev.method.clear();
   }
   first_ = false;
+  Flatten(ev);
   edge_->Push(std::move(ev));
   if (streaming_) StartRead(&in_);
 }
@@ -513,7 +551,38 @@ PyObject* payload_bytes(grpc::ByteBuffer& bb) {
   return out;
 }
 
-// drain() -> [(id, kind, method or None, payload or None), ...]
+// A flattened payload as a read-only buffer (drain() hands out a memoryview of it).
+struct PyPayload {
+  PyObject_HEAD char* buf;
+  Py_ssize_t len;
+};
+
+int PyPayload_getbuffer(PyPayload* self, Py_buffer* view, int flags) {
+  return PyBuffer_FillInfo(view, reinterpret_cast<PyObject*>(self), self->buf, self->len, 1,
+                           flags);
+}
+
+void PyPayload_dealloc(PyPayload* self) {
+  free(self->buf);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyBufferProcs PyPayload_as_buffer = {reinterpret_cast<getbufferproc>(PyPayload_getbuffer),
+                                     nullptr};
+PyTypeObject PyPayloadType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* payload_view(Event& ev) {
+  PyPayload* obj = PyObject_New(PyPayload, &PyPayloadType);
+  if (!obj) return nullptr;
+  obj->len = static_cast<Py_ssize_t>(ev.flat_len);
+  obj->buf = ev.flat.release();
+  PyObject* view = PyMemoryView_FromObject(reinterpret_cast<PyObject*>(obj));
+  Py_DECREF(obj);
+  return view;
+}
+
+// drain() -> [(id, kind, method or None, payload or None), ...]; a payload is bytes, or a
+// read-only memoryview for a large message
 PyObject* PyEdge_drain(PyEdge* self, PyObject*) {
   std::vector<Event> events = self->edge->Take();
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(events.size()));
@@ -538,7 +607,14 @@ PyObject* PyEdge_drain(PyEdge* self, PyObject*) {
       method = m;
     }
     PyObject* payload;
-    if (ev.kind == EV_MESSAGE || (ev.kind == EV_CALL && ev.payload.Valid())) {
+    if (ev.flat) {
+      payload = payload_view(ev);
+      if (!payload) {
+        Py_DECREF(method);
+        Py_DECREF(list);
+        return nullptr;
+      }
+    } else if (ev.kind == EV_MESSAGE || (ev.kind == EV_CALL && ev.payload.Valid())) {
       payload = payload_bytes(ev.payload);
       if (!payload) {
         Py_DECREF(method);
@@ -560,25 +636,54 @@ PyObject* PyEdge_drain(PyEdge* self, PyObject*) {
   return list;
 }
 
+// A message from Python: one bytes-like object, or a list/tuple of them that concatenate to
+// the message (the codec's parts: protobuf's header, then the tensors' own buffers). Either
+// way it is copied once, into one slice gRPC owns; the GIL is let go for large copies (the
+// buffers stay exported, so nobody can change or free them meanwhile).
 bool to_byte_buffer(PyObject* obj, grpc::ByteBuffer* out) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return false;
-  size_t n = static_cast<size_t>(view.len);
-  if (n >= (1u << 20)) {
+  constexpr size_t kBig = 1u << 20;
+  if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return false;
+    size_t n = static_cast<size_t>(view.len);
     grpc::Slice slice;
-    Py_BEGIN_ALLOW_THREADS slice = grpc::Slice(view.buf, n);
-    Py_END_ALLOW_THREADS grpc::ByteBuffer bb(&slice, 1);
-    out->Swap(&bb);
-  } else {
-    grpc::Slice slice(view.buf, n);
+    if (n >= kBig) {
+      Py_BEGIN_ALLOW_THREADS slice = grpc::Slice(view.buf, n);
+      Py_END_ALLOW_THREADS
+    } else {
+      slice = grpc::Slice(view.buf, n);
+    }
+    PyBuffer_Release(&view);
     grpc::ByteBuffer bb(&slice, 1);
     out->Swap(&bb);
+    return true;
   }
-  PyBuffer_Release(&view);
+  Py_ssize_t k = PySequence_Fast_GET_SIZE(obj);
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  std::vector<Py_buffer> views(static_cast<size_t>(k));
+  size_t total = 0;
+  for (Py_ssize_t i = 0; i < k; ++i) {
+    if (PyObject_GetBuffer(items[i], &views[i], PyBUF_SIMPLE) < 0) {
+      for (Py_ssize_t j = 0; j < i; ++j) PyBuffer_Release(&views[j]);
+      return false;
+    }
+    total += static_cast<size_t>(views[i].len);
+  }
+  grpc::Slice slice(total);
+  uint8_t* dst = const_cast<uint8_t*>(slice.begin());
+  PyThreadState* ts = total >= kBig ? PyEval_SaveThread() : nullptr;
+  for (Py_buffer& v : views) {
+    memcpy(dst, v.buf, static_cast<size_t>(v.len));
+    dst += v.len;
+  }
+  if (ts) PyEval_RestoreThread(ts);
+  for (Py_buffer& v : views) PyBuffer_Release(&v);
+  grpc::ByteBuffer bb(&slice, 1);
+  out->Swap(&bb);
   return true;
 }
 
-// write(id, message): one message on a stream
+// write(id, message): one message (bytes or a list of buffers) on a stream
 PyObject* PyEdge_write(PyEdge* self, PyObject* args) {
   unsigned long long id;
   PyObject* data;
@@ -589,7 +694,7 @@ PyObject* PyEdge_write(PyEdge* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// finish(id, code, message, response or None)
+// finish(id, code, message, response (bytes or a list of buffers) or None)
 PyObject* PyEdge_finish(PyEdge* self, PyObject* args) {
   unsigned long long id;
   int code;
@@ -666,6 +771,12 @@ PyMODINIT_FUNC PyInit__edge(void) {
   PyEdgeType.tp_dealloc = reinterpret_cast<destructor>(PyEdge_dealloc);
   PyEdgeType.tp_methods = PyEdge_methods;
   if (PyType_Ready(&PyEdgeType) < 0) return nullptr;
+  PyPayloadType.tp_name = "sluice.frontends.grpc_edge._edge.Payload";
+  PyPayloadType.tp_basicsize = sizeof(PyPayload);
+  PyPayloadType.tp_flags = Py_TPFLAGS_DEFAULT;
+  PyPayloadType.tp_dealloc = reinterpret_cast<destructor>(PyPayload_dealloc);
+  PyPayloadType.tp_as_buffer = &PyPayload_as_buffer;
+  if (PyType_Ready(&PyPayloadType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&edge_module);
   if (!m) return nullptr;
   Py_INCREF(&PyEdgeType);
