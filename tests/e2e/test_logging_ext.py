@@ -8,8 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import error_text, post, request, wait_until
+from tests.e2e.helpers import error_text, grpc_client, grpc_status, post, request, wait_until
 from tests.zoo import identity
 
 DEFAULTS = {
@@ -77,3 +78,23 @@ def test_log_file_and_format_flags(tmp_path: Path, start_server):
     assert settings["log_file"] == str(log_file) and settings["log_format"] == "ISO8601"
     text = log_file.read_text()
     assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I sluice.manager\] loaded 'a'", text, re.M)
+
+
+def test_grpc_log_settings(tmp_path: Path, start_server):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    srv = start_server(repo)
+    c = grpc_client(srv)
+    try:
+        got = c.get_log_settings(as_json=True)["settings"]
+        assert got["log_info"] == {"bool_param": True}
+        assert got["log_format"] == {"string_param": "default"}
+        got = c.update_log_settings({"log_verbose_level": 2, "log_warning": False}, as_json=True)
+        assert got["settings"]["log_verbose_level"] == {"uint32_param": 2}
+        assert got["settings"]["log_warning"] == {"bool_param": False}
+        with pytest.raises(InferenceServerException) as info:
+            c.update_log_settings({"log_file": "/tmp/x.log"})
+        assert grpc_status(info.value) == "StatusCode.UNIMPLEMENTED"
+    finally:
+        c.close()
+    assert json.loads(request(srv, "GET", "/v2/logging")[1])["log_verbose_level"] == 2

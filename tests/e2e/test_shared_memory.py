@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import error_text, http_client, post, request
+from tests.e2e.helpers import error_text, grpc_client, http_client, post, request
 from tests.zoo import copy_example
 
 
@@ -139,3 +141,37 @@ def test_bad_regions_offsets_and_sizes_are_400_naming_them(srv, regions):
     assert code == 501 and "not supported without a GPU" in error_text(raw)
     assert post(srv, "/v2/systemsharedmemory/unregister")[0] == 200
     assert json.loads(request(srv, "GET", "/v2/systemsharedmemory/status")[1]) == []
+
+
+def test_grpc_regions_inputs_and_outputs(srv, regions):
+    tag, h = regions
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    b = np.full((1, 4), 3, dtype=np.float32)
+    shm.set_shared_memory_region(h["in"], [a])  # INPUT0 in shared memory, INPUT1 raw
+    c = grpc_client(srv)
+    try:
+        c.unregister_system_shared_memory()
+        c.register_system_shared_memory(f"{tag}_in", f"/{tag}_in", 32)
+        c.register_system_shared_memory(f"{tag}_out", f"/{tag}_out", 32)
+        status = c.get_system_shared_memory_status(as_json=True)["regions"]
+        assert set(status) == {f"{tag}_in", f"{tag}_out"}
+        i0 = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        i0.set_shared_memory(f"{tag}_in", 16)
+        i1 = grpcclient.InferInput("INPUT1", [1, 4], "FP32")
+        i1.set_data_from_numpy(b)
+        o0 = grpcclient.InferRequestedOutput("OUTPUT0")
+        o0.set_shared_memory(f"{tag}_out", 16)
+        o1 = grpcclient.InferRequestedOutput("OUTPUT1")  # this one comes back in the response
+        r = c.infer("add_sub", [i0, i1], outputs=[o0, o1])
+        assert r.get_output("OUTPUT0").shape == [1, 4]
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+        got = shm.get_contents_as_numpy(h["out"], np.float32, [1, 4])
+        np.testing.assert_array_equal(got, a + b)
+        assert c.get_cuda_shared_memory_status(as_json=True) == {}
+        with pytest.raises(InferenceServerException) as info:
+            c.register_cuda_shared_memory("g", b"\0", 0, 4)
+        assert "without a GPU" in info.value.message()
+        c.unregister_system_shared_memory()
+        assert c.get_system_shared_memory_status(as_json=True) == {}
+    finally:
+        c.close()

@@ -53,14 +53,9 @@ _UnaryHandler = Callable[[Any], Awaitable[Message]]
 _T = TypeVar("_T")
 
 _UNSUPPORTED = {
-    "SystemSharedMemoryStatus": "system shared memory",
-    "SystemSharedMemoryRegister": "system shared memory",
-    "SystemSharedMemoryUnregister": "system shared memory",
-    "CudaSharedMemoryStatus": "CUDA shared memory",
-    "CudaSharedMemoryRegister": "CUDA shared memory",
-    "CudaSharedMemoryUnregister": "CUDA shared memory",
+    "CudaSharedMemoryRegister": "CUDA shared memory without a GPU (this server has none)",
+    "CudaSharedMemoryUnregister": "CUDA shared memory without a GPU (this server has none)",
     "TraceSetting": "the trace extension",
-    "LogSettings": "the logging extension",
 }
 
 
@@ -182,6 +177,53 @@ class GrpcHandlers:
                 yield encode(resp, req)
         except Exception as exc:
             yield error(_stream_error(msg, exc))
+
+    # --- shared memory --------------------------------------------------------
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        out = pb.SystemSharedMemoryStatusResponse()
+        for r in self.service.shm_status(request.name):
+            out.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
+        return out
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.service.shm_register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.service.shm_unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        return pb.CudaSharedMemoryStatusResponse()  # no regions: there is no GPU
+
+    # --- logging --------------------------------------------------------------
+    async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        if request.settings:
+            doc: dict[str, Any] = {}
+            for key, value in request.settings.items():
+                kind = value.WhichOneof("parameter_choice")
+                doc[key] = getattr(value, kind) if kind else None
+            settings = self.service.update_log_settings(doc)
+        else:
+            settings = self.service.log_settings()
+        out = pb.LogSettingsResponse()
+        for key, v in settings.items():
+            field = out.settings[key]
+            if isinstance(v, bool):
+                field.bool_param = v
+            elif isinstance(v, int):
+                field.uint32_param = v
+            else:
+                field.string_param = str(v)
+        return out
 
     # --- repository ---------------------------------------------------------
     async def RepositoryIndex(

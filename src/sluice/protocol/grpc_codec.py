@@ -23,7 +23,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import InvalidArgument, Unsupported
+from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
 from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
 from .http_codec import as_wire_dtype, deserialize_bytes_tensor, serialize_bytes_tensor
@@ -234,13 +234,17 @@ def decode_infer_request(
     )
     n_raw = len(raws)
     tins = msg.inputs
-    if n_raw and n_raw != len(tins):
+    shm_inputs: dict[str, tuple[str, int, int, str, tuple[int, ...]]] = {}
+    n_shm = sum(1 for t in tins if t.parameters and "shared_memory_region" in t.parameters)
+    if n_raw and n_raw != len(tins) - n_shm:
         raise InvalidArgument(
-            f"raw_input_contents has {n_raw} entries but the request has {len(tins)} inputs; "
-            "when raw_input_contents is used every input must be in it"
+            f"raw_input_contents has {n_raw} entries but the request has {len(tins) - n_shm} "
+            "inputs not in shared memory; when raw_input_contents is used every such input "
+            "must be in it"
         )
     inputs: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
+    next_raw = 0
     for i, tin in enumerate(tins):
         name = tin.name
         if not name:
@@ -262,20 +266,28 @@ def decode_infer_request(
         count = math.prod(shape)
         tparams = tin.parameters
         if tparams and "shared_memory_region" in tparams:
-            raise Unsupported(
-                f"input '{name}': shared memory inputs are not supported by this server"
+            p = params_to_dict(tparams)
+            shm_inputs[name] = (
+                p["shared_memory_region"],
+                p.get("shared_memory_offset", 0),
+                p.get("shared_memory_byte_size", -1),
+                datatype,
+                tuple(shape),
             )
+            datatypes[name] = datatype
+            continue
         if n_raw:
             if tin.HasField("contents"):
                 raise InvalidArgument(f"input '{name}' has both 'contents' and raw_input_contents")
-            raw = raws[i]
+            raw = raws[next_raw]
+            next_raw += 1
             if dt is _OBJECT:
                 arr = deserialize_bytes_tensor(raw, count, 0, len(raw), name)
             else:
                 expect = count * dt.itemsize
                 if len(raw) != expect:
                     raise InvalidArgument(
-                        f"input '{name}': raw_input_contents[{i}] holds {len(raw)} bytes but "
+                        f"input '{name}': raw_input_contents[{next_raw - 1}] holds {len(raw)} bytes but "
                         f"shape {list(shape)} of {datatype} requires {expect}"
                     )
                 arr = np.frombuffer(raw, dt) if count else np.empty(0, dt)
@@ -291,13 +303,9 @@ def decode_infer_request(
         outputs = []
         for tout in msg.outputs:
             oparams = params_to_dict(tout.parameters) if tout.parameters else {}
-            if "shared_memory_region" in oparams:
-                raise Unsupported(
-                    f"output '{tout.name}': shared memory outputs are not supported by this server"
-                )
             outputs.append(OutputSpec(tout.name, oparams))
 
-    return InferRequest(
+    request = InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
         id=msg.id,
@@ -306,6 +314,17 @@ def decode_infer_request(
         outputs=outputs,
         parameters=params_to_dict(msg.parameters) if msg.parameters else {},
     )
+    if shm_inputs:
+        request.shm_inputs = shm_inputs
+    return request
+
+
+def _in_shm(request: InferRequest | None) -> frozenset[str]:
+    """Outputs the service wrote into shared memory: they get an empty raw entry (kept so
+    that raw_output_contents stays aligned with outputs, which clients index by position)."""
+    if request is None or not request.outputs:
+        return frozenset()
+    return frozenset(s.name for s in request.outputs if "shared_memory_region" in s.parameters)
 
 
 def _raw(datatype: str, arr: np.ndarray) -> bytes:
@@ -355,13 +374,17 @@ def encode_infer_response(
     """InferResponse -> ModelInferResponse with raw_output_contents. Only the outputs the
     request asked for are sent, in the order asked."""
     tensors, arrays = _output_tensors(response, request)
+    shm = _in_shm(request)
     # one constructor call: far cheaper than extend()/add() on upb repeated fields
     msg = _Response(
         model_name=response.model_name,
         model_version=response.model_version,
         id=response.id,
         outputs=tensors,
-        raw_output_contents=[_raw(datatype, arr) for datatype, arr in arrays],
+        raw_output_contents=[
+            b"" if t.name in shm else _raw(datatype, arr)
+            for t, (datatype, arr) in zip(tensors, arrays, strict=True)
+        ],
     )
     if response.parameters:
         dict_to_params(response.parameters, msg.parameters)
@@ -391,6 +414,7 @@ def encode_infer_response_parts(
         dict_to_params(response.parameters, params.parameters)
         head.append(params.SerializeToString())
     raws = []
+    shm = _in_shm(request)
     for name in names:
         arr = outs[name]
         datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
@@ -399,7 +423,7 @@ def encode_infer_response_parts(
                 f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
             )
         head.append(_output_field(name, datatype, arr.shape))
-        raws.append(_raw_view(datatype, arr))
+        raws.append(b"" if name in shm else _raw_view(datatype, arr))
     parts: list[bytes | memoryview] = [b"".join(head)]
     for raw in raws:
         if isinstance(raw, bytes):  # small, or already copied: one part
