@@ -146,9 +146,9 @@ def test_errors_and_unimplemented_as_on_aio(srv):
         c.infer("missing", _add_sub(0, 0))
     assert grpc_status(e.value) == "StatusCode.NOT_FOUND"
     with pytest.raises(InferenceServerException) as e:
-        c.get_system_shared_memory_status()
+        c.get_trace_settings()
     assert grpc_status(e.value) == "StatusCode.UNIMPLEMENTED"
-    assert "system shared memory is not supported" in e.value.message()
+    assert "the trace extension is not supported" in e.value.message()
     c.close()
 
 

@@ -401,13 +401,13 @@ def test_http_routing(servers: Servers) -> None:
     code, body = _raw(servers, "GET", "/v2/models/add_sub/infer")
     assert code == 405 and "error" in body
     assert _raw(servers, "POST", "/v2/health/live", b"")[0] == 405
-    assert _raw(servers, "GET", "/v2/systemsharedmemory/status")[0] == 501
+    assert _raw(servers, "GET", "/v2/trace/setting")[0] == 501
     assert _raw(servers, "GET", "/v2/health/live")[0] == 200
 
 
 def test_grpc_unimplemented(grpc_: Any) -> None:
     with pytest.raises(InferenceServerException) as e:
-        grpc_.get_system_shared_memory_status()
+        grpc_.get_trace_settings()
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
 
 

@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc._utils import _get_inference_request
 
-from sluice.errors import InvalidArgument, Unsupported
+from sluice.errors import InvalidArgument
 from sluice.protocol import grpc_codec as gc
 from sluice.types import InferRequest, InferResponse, OutputSpec
 
@@ -169,11 +169,12 @@ def test_bytes_raw_malformed_and_duplicates() -> None:
     assert "more than once" in _err(msg)
 
 
-def test_shared_memory_unsupported() -> None:
+def test_shared_memory_inputs_are_region_references() -> None:
     i = grpcclient.InferInput("X", [2], "FP32")
-    i.set_shared_memory("region", 8)
-    with pytest.raises(Unsupported):
-        gc.decode_infer_request(_request([i]))
+    i.set_shared_memory("region", 8, offset=4)
+    req = gc.decode_infer_request(_request([i]))
+    assert req.inputs == {} and req.input_datatypes == {"X": "FP32"}
+    assert req.shm_inputs == {"X": ("region", 4, 8, "FP32", (2,))}
 
 
 def test_encode_response_read_by_tritonclient() -> None:

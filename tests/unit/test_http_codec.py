@@ -11,7 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import serialize_byte_tensor
 
-from sluice.errors import InvalidArgument, Unsupported
+from sluice.errors import InvalidArgument
 from sluice.protocol import http_codec as hc
 from sluice.types import InferRequest, InferResponse, OutputSpec
 
@@ -228,10 +228,12 @@ def test_binary_bytes_malformed() -> None:
         assert "'IN'" in msg and word in msg
 
 
-def test_shared_memory_is_unsupported() -> None:
+def test_shared_memory_inputs_are_region_references() -> None:
     doc = _one(data=None, parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8})
-    with pytest.raises(Unsupported):
-        hc.decode_infer_request(json.dumps(doc).encode(), "m")
+    req = hc.decode_infer_request(json.dumps(doc).encode(), "m")
+    assert req.inputs == {}
+    (ref,) = req.shm_inputs.values()
+    assert ref[:3] == ("r", 0, 8)
 
 
 def test_duplicate_input() -> None:
