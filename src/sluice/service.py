@@ -115,7 +115,7 @@ class InferenceService:
             response = await self.serving.infer(request, protocol=protocol, single=single)
         finally:
             self._left()
-        if request.outputs:
+        if request.shm_outputs:
             self._write_shm_outputs(request, response)
         return response
 
@@ -131,12 +131,11 @@ class InferenceService:
         say where instead of sending the bytes."""
         assert request.outputs is not None
         for spec in request.outputs:
-            region = spec.parameters.get("shared_memory_region")
-            if region is None or spec.name not in response.outputs:
+            if spec.name not in request.shm_outputs or spec.name not in response.outputs:
                 continue
             p = spec.parameters
             written = self.shm.write(
-                region,
+                p["shared_memory_region"],
                 p.get("shared_memory_offset", 0),
                 p.get("shared_memory_byte_size", 0),
                 response.outputs[spec.name],

@@ -139,6 +139,12 @@ class Serving:
         if sv.cached:
             return await self._cached(sv, request, batch, key, arrival)
         response = await self._submit(sv, request, batch, key, arrival)
+        return self._done(sv, request, response, arrival)
+
+    def _done(
+        self, sv: ServingVersion, request: InferRequest, response: InferResponse, arrival: int
+    ) -> InferResponse:
+        """A request answered with one response: finish it and count the success."""
         self._finish(sv, request, response, arrival)
         sv.stats.record_success(time.monotonic_ns() - arrival)
         return response
@@ -163,11 +169,8 @@ class Serving:
             response = InferResponse(
                 request.model_name, sv.version_str, request.id, dict(outputs), dict(datatypes)
             )
-            now = time.monotonic_ns()
-            stats.cache_hit.add(now - t0)
-            self._finish(sv, request, response, arrival)
-            stats.record_success(time.monotonic_ns() - arrival)
-            return response
+            stats.cache_hit.add(time.monotonic_ns() - t0)
+            return self._done(sv, request, response, arrival)
         lookup_ns = time.monotonic_ns() - t0
         response = await self._submit(sv, request, batch, key, arrival)
         t1 = time.monotonic_ns()
@@ -176,9 +179,7 @@ class Serving:
         cache.put(ckey, full, datatypes)
         stats.cache_miss.add(lookup_ns + time.monotonic_ns() - t1)
         response.output_datatypes.update(datatypes)
-        self._finish(sv, request, response, arrival)
-        stats.record_success(time.monotonic_ns() - arrival)
-        return response
+        return self._done(sv, request, response, arrival)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """0..N responses (decoupled model) or exactly one; the last has ``final`` set."""
@@ -186,10 +187,7 @@ class Serving:
         sv, batch, key = self._admit(request)
         if not sv.decoupled:
             response = await self._submit(sv, request, batch, key, arrival)
-            self._finish(sv, request, response, arrival)
-            sv.stats.record_success(time.monotonic_ns() - arrival)
-            response.final = True
-            yield response
+            yield self._done(sv, request, response, arrival)  # final by default
             return
         async for response in self._stream(sv, request, batch, key, arrival):
             yield response

@@ -48,6 +48,9 @@ class InferRequest:
     # System shared memory inputs, resolved by the service: name -> (region, offset,
     # byte size, KServe datatype, shape)
     shm_inputs: dict[str, tuple[str, int, int, str, tuple[int, ...]]] | None = None
+    # Outputs asked for in system shared memory (the service writes them; encoders send no
+    # data for them), set by the codecs
+    shm_outputs: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)

@@ -63,7 +63,7 @@ def deserialize(
     """Parse ``buf[start:end]`` into a 1-D object array of ``bytes``: exactly ``count``
     elements that fill the span, or as many as the span holds when
     ``count`` is None (``Truncated`` or ``Leftover`` otherwise)."""
-    mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else memoryview(buf)
+    mv = memoryview(buf).cast("B")
     if end is None:
         end = len(mv)
     items: list[bytes] = []

@@ -299,11 +299,14 @@ def decode_infer_request(
         datatypes[name] = datatype
 
     outputs: list[OutputSpec] | None = None
+    shm_outputs: list[str] = []
     if msg.outputs:
         outputs = []
         for tout in msg.outputs:
             oparams = params_to_dict(tout.parameters) if tout.parameters else {}
             outputs.append(OutputSpec(tout.name, oparams))
+            if "shared_memory_region" in oparams:
+                shm_outputs.append(tout.name)
 
     request = InferRequest(
         model_name=msg.model_name,
@@ -316,15 +319,15 @@ def decode_infer_request(
     )
     if shm_inputs:
         request.shm_inputs = shm_inputs
+    if shm_outputs:
+        request.shm_outputs = frozenset(shm_outputs)
     return request
 
 
 def _in_shm(request: InferRequest | None) -> frozenset[str]:
     """Outputs the service wrote into shared memory: they get an empty raw entry (kept so
     that raw_output_contents stays aligned with outputs, which clients index by position)."""
-    if request is None or not request.outputs:
-        return frozenset()
-    return frozenset(s.name for s in request.outputs if "shared_memory_region" in s.parameters)
+    return request.shm_outputs if request is not None else frozenset()
 
 
 def _raw(datatype: str, arr: np.ndarray) -> bytes:

@@ -294,6 +294,7 @@ def decode_infer_request(
         )
 
     outputs: list[OutputSpec] | None = None
+    shm_outputs: list[str] = []
     outputs_doc = doc.get("outputs")
     if outputs_doc is not None:
         if type(outputs_doc) is not list:
@@ -309,10 +310,14 @@ def decode_infer_request(
             elif type(oparams) is not dict:
                 raise _bad(f"output '{oname}': 'parameters' must be a JSON object")
             outputs.append(OutputSpec(oname, oparams))
+            if "shared_memory_region" in oparams:
+                shm_outputs.append(oname)
 
     request = InferRequest(model_name, model_version, req_id, inputs, datatypes, outputs, params)
     if shm_inputs:
         request.shm_inputs = shm_inputs
+    if shm_outputs:
+        request.shm_outputs = frozenset(shm_outputs)
     return request
 
 
@@ -365,6 +370,7 @@ def encode_infer_response(
     else:
         selected = [(s.name, s) for s in wanted if s.name in outs]
     default_binary = bool(req_params.get("binary_data_output", False))
+    in_shm = request.shm_outputs if request is not None else frozenset()
 
     parts = ['{"model_name":', _enc(response.model_name), ',"model_version":']
     parts.append(_enc(response.model_version))
@@ -385,13 +391,12 @@ def encode_infer_response(
                 f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
             )
         binary = default_binary
-        shm = None
         if spec is not None:
             flag = spec.parameters.get("binary_data")
             if flag is not None:
                 binary = bool(flag)
-            shm = spec.parameters.get("shared_memory_region")
-        data = None if binary or shm is not None else _json_data(datatype, arr)
+        shm = name in in_shm
+        data = None if binary or shm else _json_data(datatype, arr)
         parts.append('{"name":' if first else ',{"name":')
         first = False
         parts.append(_enc(name))
@@ -399,7 +404,7 @@ def encode_infer_response(
         parts.append(_enc(datatype))
         parts.append(',"shape":[')
         parts.append(",".join(map(str, arr.shape)))
-        if shm is not None:  # written into the region by the service: no data (as Triton)
+        if shm:  # written into the region by the service: no data (as Triton)
             parts.append("]}")
         elif data is None:  # binary, or BYTES that are not UTF-8 (sent binary: clients cope)
             raw = _binary(datatype, arr)

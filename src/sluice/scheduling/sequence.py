@@ -34,6 +34,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
 from ..errors import InvalidArgument
+from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
 from .policy import Job
@@ -252,8 +253,6 @@ def _controls(sb: mc.ModelSequenceBatching) -> list[tuple[str, int, list[Any], A
                 if c.data_type in _STRING_CORRID_TYPES:
                     out.append((ci.name, c.kind, [], np.object_, "BYTES"))
                 else:
-                    from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
-
                     dt = config_to_kserve(mc.DataType.Name(c.data_type))
                     out.append((ci.name, c.kind, [], kserve_to_numpy(dt), dt))
             elif c.int32_false_true:

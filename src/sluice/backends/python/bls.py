@@ -86,7 +86,7 @@ class BlsCalls:
 
     def _request(self, msg: BlsCall) -> InferRequest:
         inst = self._instance
-        callers = inst.callers or (inst.spec.name,)
+        callers = inst.callers
         if msg.model in callers:
             chain = " -> ".join((*callers, msg.model))
             raise InvalidArgument(

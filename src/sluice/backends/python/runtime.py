@@ -152,6 +152,9 @@ class Runtime:
     """What ``pb_utils`` objects call inside a worker (``pb_utils._RUNTIME``)."""
 
     def __init__(self, channel: Channel, pb: Any, shm_prefix: str, decoupled: bool) -> None:
+        from . import shm  # numpy: the worker builds its runtime after setting its env
+
+        self._pack, self._unpack = shm.pack, shm.unpack
         self.channel = channel
         self.pb = pb
         self.prefix = shm_prefix
@@ -162,8 +165,6 @@ class Runtime:
 
     # ------------------------------------------------------------------------------ BLS
     def exec(self, request: Any, decoupled: bool) -> Any:
-        from .shm import pack  # numpy: imported only once a model calls
-
         pb = self.pb
         call_id = next(self._ids)
         tensors = [
@@ -184,7 +185,7 @@ class Runtime:
             call_id,
             request.model_name(),
             str(version) if version is not None and int(version) >= 0 else "",
-            pack(tensors, self.prefix),
+            self._pack(tensors, self.prefix),
             tuple(request.requested_output_names()),
             request.request_id(),
             params,
@@ -206,10 +207,10 @@ class Runtime:
                 return
 
     def _response(self, reply: BlsReply, pb: Any) -> Any:
-        from .shm import unpack
-
         code_of = _CODE_OF
-        tensors = [pb.Tensor._make(n, arr, code_of[dt]) for n, dt, arr in unpack(reply.outputs)]
+        tensors = [
+            pb.Tensor._make(n, arr, code_of[dt]) for n, dt, arr in self._unpack(reply.outputs)
+        ]
         error = pb.TritonError(reply.error) if reply.error else None
         return pb.InferenceResponse(tensors, error=error, parameters=reply.parameters or None)
 
@@ -221,8 +222,6 @@ class Runtime:
             if response is not None:
                 self.held[ctx] = response
             return
-        from .shm import pack
-
         error = None
         tensors: list[tuple[str, Any, str]] = []
         params = "{}"
@@ -237,7 +236,9 @@ class Runtime:
                     if not wanted or t._name in wanted:
                         tensors.append((t._name, t._array, KSERVE_BY_CODE[t._triton_dtype]))
             params = response._parameters
-        self.channel.send(Respond(ctx[0], ctx[1], pack(tensors, self.prefix), error, final, params))
+        self.channel.send(
+            Respond(ctx[0], ctx[1], self._pack(tensors, self.prefix), error, final, params)
+        )
 
     def is_cancelled(self, ctx: tuple[int, int] | None) -> bool:
         if ctx is None:

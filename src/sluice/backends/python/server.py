@@ -153,8 +153,18 @@ class PythonInstance:
         self._calls = BlsCalls(self, spec.serving)
         # decoupled: (execution id, request index) -> the request its responses belong to
         self._streams: dict[tuple[int, int], InferRequest] = {}
-        # BLS: the models waiting on the batch executing now (a call back to one is a cycle)
-        self.callers: tuple[str, ...] = ()
+        # the batch executing now (or last): its BLS calls inherit its chain of callers
+        self._batch: list[InferRequest] = []
+
+    @property
+    def callers(self) -> tuple[str, ...]:
+        """The models waiting on the batch executing now, in call order, this one last: a
+        BLS call back to any of them is a cycle. Derived when a model calls, not per batch."""
+        chain: dict[str, None] = {}
+        for r in self._batch:
+            chain.update(dict.fromkeys(r.callers))
+        chain[self.spec.name] = None
+        return tuple(chain)
 
     @property
     def shm_prefix(self) -> str:
@@ -207,11 +217,7 @@ class PythonInstance:
             )
         worker = self.worker
         exec_id = worker.next_id()
-        name = self.spec.name
-        callers = {name}
-        for r in requests:
-            callers.update(r.callers)
-        self.callers = tuple(sorted(callers))
+        self._batch = requests
         if self._decoupled:
             self._open_streams(exec_id, requests)
         t1 = clock()
