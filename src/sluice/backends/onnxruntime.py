@@ -15,6 +15,10 @@ Rules of this file:
   ``dynamic_batching`` on, as Triton's default-max-batch-size does). A config that
   contradicts the graph (unknown name, data type, rank) fails the load naming the tensor,
   whether or not auto-complete ran.
+- Sequence models: control inputs and implicit-state inputs are fed from the request (the
+  sequence batcher puts them there), state outputs are fetched with the config's outputs;
+  none of them is a client tensor, so auto-complete leaves them out of the config.
+  ``sequence_io.check_sequence_io`` checks them against the graph at load.
 
 ``check_tensors``, ``thread_param`` and ``default_intra_threads`` are shared with the
 torchscript and tensorrt backends; batching helpers live in ``batching.py``.
@@ -45,6 +49,7 @@ from ..errors import Internal, InvalidArgument, NotFound
 from ..types import InferRequest
 from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
 from .batching import concat_inputs, instance_names, responses
+from .sequence_io import check_sequence_io, server_inputs, state_outputs
 
 __all__ = [
     "OnnxRuntimeBackend",
@@ -107,12 +112,14 @@ def check_tensors(
     what: str,
     complete: bool,
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    server_tensors: frozenset[str] = frozenset(),
 ) -> mc.ModelConfig:
     """Check (and, if ``complete``, fill) the config's inputs/outputs against the model's.
 
     ``graph`` is ``{"input": {name: (data_type, dims incl. batch)}, "output": {...}}`` with
     -1 for dynamic dims. Returns the (possibly completed) config; raises InvalidArgument
-    naming the tensor when the config contradicts the model.
+    naming the tensor when the config contradicts the model. ``server_tensors`` (sequence
+    controls and states) are neither completed nor required in the config.
     """
     config = _copy(config)
     if (
@@ -160,13 +167,13 @@ def check_tensors(
         if complete:
             have = {t.name for t in tensors}
             for name, (dtype, shape) in model.items():
-                if name in have:
+                if name in have or name in server_tensors:
                     continue
                 t = tensors.add()
                 t.name = name
                 t.data_type = dtype  # type: ignore[assignment]
                 t.dims.extend(shape[1:] if batching else shape)
-    missing = sorted(set(graph["input"]) - {t.name for t in config.input})
+    missing = sorted(set(graph["input"]) - {t.name for t in config.input} - server_tensors)
     if missing:
         raise InvalidArgument(
             f"failed to load '{config.name}': the {what} has input(s) {missing} that the config "
@@ -231,6 +238,10 @@ def _session(path: Path, config: mc.ModelConfig, intra: int, inter: int) -> Any:
         ) from None
 
 
+def _server(config: mc.ModelConfig) -> frozenset[str]:
+    return frozenset(server_inputs(config) + state_outputs(config))
+
+
 def _graph(session: Any, name: str) -> dict[str, dict[str, tuple[int, list[int]]]]:
     out: dict[str, dict[str, tuple[int, list[int]]]] = {"input": {}, "output": {}}
     for kind, args in (("input", session.get_inputs()), ("output", session.get_outputs())):
@@ -254,8 +265,8 @@ class OnnxRuntimeInstance:
         cfg = spec.config
         self._intra = thread_param(cfg, "intra_op_thread_count") or default_intra_threads(cfg)
         self._inter = thread_param(cfg, "inter_op_thread_count") or 1
-        self._inputs = [t.name for t in cfg.input]
-        self._outputs = [t.name for t in cfg.output]
+        self._inputs = list(dict.fromkeys([t.name for t in cfg.input] + server_inputs(cfg)))
+        self._outputs = list(dict.fromkeys([t.name for t in cfg.output] + state_outputs(cfg)))
         self._batching = cfg.max_batch_size > 0
         self._session: Any = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"ort-{name}")
@@ -267,7 +278,9 @@ class OnnxRuntimeInstance:
     def _load(self) -> Any:
         cfg = self.spec.config
         session = _session(_model_path(self.spec), cfg, self._intra, self._inter)
-        check_tensors(cfg, _graph(session, cfg.name), "ONNX model", complete=False)
+        graph = _graph(session, cfg.name)
+        check_tensors(cfg, graph, "ONNX model", complete=False, server_tensors=_server(cfg))
+        check_sequence_io(cfg, graph, "ONNX model")
         return session
 
     async def execute(self, requests: list[InferRequest]) -> ExecuteResult:
@@ -325,6 +338,7 @@ class OnnxRuntimeBackend:
             "ONNX model",
             complete=True,
             default_max_batch_size=default_max_batch_size(spec),
+            server_tensors=_server(spec.config),
         )
 
     def create_instances(self, spec: ModelSpec) -> list[ModelInstance]:

@@ -414,7 +414,7 @@ class ModelManager:
                 stats = rec.stats.get(v) or ModelStats(name, str(v))
                 rec.stats[v] = stats
                 scheduler = (
-                    SequenceScheduler(name, str(v), config, instances, stats)
+                    SequenceScheduler(name, str(v), config, instances, stats, model_dir)
                     if config.HasField("sequence_batching")
                     else Scheduler(name, str(v), config, instances, stats)
                 )

@@ -19,6 +19,12 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
   batch dimension when the model batches).
 - A sequence with no request for ``max_sequence_idle_microseconds`` (default 1 s) is released;
   a later request without START is refused with Triton's text, plus that it was idle.
+- A request must have batch size 1 (Triton: "inference request to model 'm' must specify
+  batch-size 1 due to requirements of sequence batcher").
+- Requests batch together only when their non-batch input shapes (and state shapes) match.
+- Implicit state (``state [...]``) lives in ``state.py``: fed to each request as it is
+  dispatched, kept from its response as it is delivered, held on the sequence (so END and
+  idle release drop it). Models without states pay nothing for it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +46,7 @@ from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
 from .policy import Job
 from .scheduler import Scheduler
+from .state import implicit_state
 
 __all__ = ["SequenceScheduler"]
 
@@ -55,6 +63,7 @@ class _Sequence:
     running: bool = False
     ended: bool = False
     last_ns: int = 0
+    state: dict[str, np.ndarray] | None = None  # implicit state held between requests
 
 
 def _flag(value: Any) -> bool:
@@ -69,9 +78,11 @@ class SequenceScheduler(Scheduler):
         config: mc.ModelConfig,
         instances: list[ModelInstance],
         stats: ModelStats,
+        model_dir: Path | None = None,
     ) -> None:
         super().__init__(model, version, config, instances, stats)
         sb = config.sequence_batching
+        self._states = implicit_state(config, model_dir, model, version)
         self._max_batch = max(config.max_batch_size, 1)
         self._batch_dim = config.max_batch_size > 0
         self._oldest = sb.HasField("oldest")
@@ -99,6 +110,11 @@ class SequenceScheduler(Scheduler):
             raise InvalidArgument(
                 f"inference request to model '{self.model}' must specify a non-zero or "
                 "non-empty correlation ID"
+            )
+        if batch_size > 1:
+            raise InvalidArgument(
+                f"inference request to model '{self.model}' must specify batch-size 1 due to "
+                "requirements of sequence batcher"
             )
         start = _flag(params.get("sequence_start"))
         end = _flag(params.get("sequence_end"))
@@ -175,18 +191,27 @@ class SequenceScheduler(Scheduler):
             if not ready:
                 continue
             ready.sort(key=lambda s: s.pending[0].enqueue_ns)
-            chosen = ready[: self._max_batch]
+            if len(ready) > 1 and self._max_batch > 1:
+                key = self._batch_key(ready[0])
+                chosen = [s for s in ready if self._batch_key(s) == key][: self._max_batch]
+            else:
+                chosen = ready[:1]
             if self._oldest and len(chosen) < self._max_batch and self._delay_ns:
                 due = chosen[0].pending[0].enqueue_ns + self._delay_ns
                 if now < due:
                     wait_until = due if not wait_until else min(wait_until, due)
                     continue
             jobs = []
+            states = self._states
             for s in chosen:
                 s.running = True
                 job = s.pending.popleft()
                 self._job_seq[id(job)] = s
                 jobs.append(job)
+                if states is not None:
+                    if _flag(job.request.parameters.get("sequence_start")):
+                        s.state = None  # START: back to the initial state
+                    states.feed(s.state, job.request)
             self._queued -= len(jobs)
             self._idle.remove(inst)
             self._running += 1
@@ -196,13 +221,23 @@ class SequenceScheduler(Scheduler):
         if wait_until:
             self._arm(wait_until)
 
+    def _batch_key(self, s: _Sequence) -> tuple[Any, ...]:
+        job = s.pending[0]
+        if self._states is None:
+            return job.shape_key
+        start = _flag(job.request.parameters.get("sequence_start"))
+        return job.shape_key, self._states.shapes(None if start else s.state)
+
     def _deliver(self, jobs: list[Job], results: list[Any]) -> None:
         # before the base class dispatches again: the sequences may send their next request
         now = time.monotonic_ns()
-        for job in jobs:
+        states = self._states
+        for job, res in zip(jobs, results, strict=True):
             s = self._job_seq.pop(id(job), None)
             if s is None:
                 continue
+            if states is not None and isinstance(res, InferResponse):
+                s.state = states.take(s.state, res)
             s.running = False
             s.last_ns = now
             if s.ended and not s.pending and self._sequences.get(s.corr) is s:
