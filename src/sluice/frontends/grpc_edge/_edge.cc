@@ -6,19 +6,21 @@
 // - No gRPC behaviour here beyond moving bytes: every call of every method path is handed to
 //   Python (`drain()`), which answers with `finish()` (and `write()` for streams). Status codes
 //   and messages are decided in Python (frontends/errors.grpc_error), never here.
+// - gRPC's asynchronous (completion-queue) API, as Triton's own front-end uses it: one poller
+//   thread (SLUICE_GRPC_EDGE_THREADS to change) runs `cq->Next`, so a request is read, and its
+//   answer written, on the thread that polls the sockets: no hop through gRPC's callback
+//   executor (measured: the callback API cost 20-40 us more server CPU per request).
 // - gRPC threads never touch Python objects and never take the GIL. They append events to a
 //   queue and write an eventfd only when the queue turns non-empty; the asyncio loop watches
 //   the eventfd and drains every pending event per wake-up.
-// - A reactor operation (Start*/Finish) is never started while a lock is held: gRPC may run
-//   the reactions (OnWriteDone, OnDone) inline on the calling thread.
-// - Calls are reference-counted: the table of live calls holds one reference (dropped in
-//   OnDone), a Python-side lookup holds another for the duration of one operation.
-// - Python's answers are queued to one replier thread, which starts the gRPC operations: a
-//   Start*/Finish may run gRPC's transport work inline (HPACK, framing, the socket write, and
-//   other streams' work queued on the same connection), measured at ~100 us per call on the
-//   asyncio thread when done there.
-// - A call cancelled by the client, by its deadline or by shutdown is finished here at once
-//   (CANCELLED) and Python hears of it (EV_CANCEL) to cancel its task; a late answer is dropped.
+// - Python's answers are queued; flush() (once per event-loop turn) arms one grpc::Alarm that
+//   wakes a poller, which starts them all: a Write/Finish may run gRPC's transport work inline
+//   (HPACK, framing, the socket write), which must not be paid on the asyncio thread.
+// - Calls are reference-counted: every operation in flight holds a reference, as do the table
+//   of live calls (until gRPC says the call is done) and a Python-side lookup (for one
+//   operation). Operations are never started while a lock of ours is held.
+// - A call cancelled by the client, by its deadline or by shutdown has been answered by gRPC;
+//   Python hears of it (EV_CANCEL) to cancel its task, and a late answer finds no call.
 // - Copies: a received message of 64 KB or more is made contiguous on the gRPC thread that
 //   read it and reaches Python as a read-only memoryview over that memory (smaller ones as
 //   bytes); an answer is bytes or a list of buffers (the codec's parts, tensors included)
@@ -30,7 +32,7 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
-#include <grpcpp/support/server_callback.h>
+#include <grpcpp/alarm.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -94,53 +96,6 @@ bool Flatten(Event& ev) {
   return true;
 }
 
-class Call final : public grpc::ServerGenericBidiReactor {
- public:
-  Call(Edge* edge, grpc::GenericCallbackServerContext* ctx, uint64_t id, bool streaming);
-  void Begin();
-
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
-  void OnDone() override;
-
-  // From Python (any thread; never holding a lock of ours).
-  void PyWrite(grpc::ByteBuffer msg);
-  void PyFinish(grpc::ByteBuffer* msg, grpc::Status status);
-
-  void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
-  void Unref() {
-    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-  }
-
- private:
-  Edge* edge_;
-  grpc::GenericCallbackServerContext* ctx_;
-  uint64_t id_;
-  bool streaming_;
-  bool first_ = true;
-  grpc::ByteBuffer in_;
-  std::atomic<int> refs_{2};  // the table's and the reactor's (dropped in OnDone)
-
-  std::mutex mu_;
-  std::deque<grpc::ByteBuffer> out_;  // stream writes; the front one is being written
-  bool writing_ = false;
-  bool finished_ = false;      // Finish / WriteAndFinish started
-  bool finish_pending_ = false;  // finish once the writes drain
-  bool cancelled_ = false;
-  grpc::ByteBuffer last_;      // unary response, alive until OnDone
-  grpc::Status finish_status_;
-};
-
-class Service final : public grpc::CallbackGenericService {
- public:
-  explicit Service(Edge* edge) : edge_(edge) {}
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
-
- private:
-  Edge* edge_;
-};
-
 struct Reply {
   uint64_t id;
   bool finish;  // false: a stream write
@@ -149,57 +104,54 @@ struct Reply {
   grpc::Status status;
 };
 
+class Call;
+
+// What a completion-queue tag stands for: one kind of operation of one call (each kind has
+// at most one operation in flight per call, so each call embeds its tags).
+enum OpKind : uint8_t { OP_REQUEST, OP_READ, OP_WRITE, OP_FINISH, OP_DONE, OP_ALARM };
+
+struct Tag {
+  Call* call;
+  OpKind op;
+};
+
 class Edge {
  public:
-  Edge() : service_(this) {
-    efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  }
+  Edge() { efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
   ~Edge() {
-    StopReplier();
     if (efd_ >= 0) close(efd_);
   }
 
-  // --- answers from Python, started on the replier thread ---
+  // --- the completion queue and its threads ---
+  grpc::AsyncGenericService service_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::vector<std::thread> pollers_;
+  void Poll();
+  void Request();  // post one more "accept a call"
+
+  // --- answers from Python: queued, then one alarm wakes a poller to start them ---
   std::mutex rmu_;
-  std::condition_variable rcv_;
   std::vector<Reply> replies_;
-  bool replier_idle_ = false;
-  bool replier_stop_ = false;
-  std::thread replier_;
+  bool armed_ = false;
+  bool cq_closed_ = false;
+  grpc::Alarm alarm_;
+  Tag alarm_tag_{nullptr, OP_ALARM};
 
-  void StartReplier() { replier_ = std::thread([this] { ReplierLoop(); }); }
-
-  void StopReplier() {
-    if (!replier_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lk(rmu_);
-      replier_stop_ = true;
-    }
-    rcv_.notify_one();
-    replier_.join();
-  }
-
-  // Queued only; Flush() wakes the replier (once per event-loop iteration, from Python):
-  // one wake-up per batch of answers instead of a context switch per answer.
   void Answer(Reply&& r) {
     std::lock_guard<std::mutex> lk(rmu_);
     replies_.push_back(std::move(r));
   }
 
   void Flush() {
-    bool wake;
-    {
-      std::lock_guard<std::mutex> lk(rmu_);
-      wake = replier_idle_ && !replies_.empty();
-      if (wake) replier_idle_ = false;
-    }
-    if (wake) rcv_.notify_one();
+    std::lock_guard<std::mutex> lk(rmu_);
+    if (armed_ || replies_.empty() || cq_closed_) return;
+    armed_ = true;
+    alarm_.Set(cq_.get(), gpr_time_0(GPR_CLOCK_MONOTONIC), &alarm_tag_);
   }
 
-  void ReplierLoop();
+  void StartReplies();
 
   int efd_ = -1;
-  Service service_;
   std::unique_ptr<grpc::Server> server_;
   std::unordered_set<std::string> streaming_;
   std::atomic<uint64_t> next_id_{1};
@@ -242,13 +194,7 @@ class Edge {
     return out;
   }
 
-  Call* Find(uint64_t id) {  // returns a referenced call or nullptr
-    std::lock_guard<std::mutex> lk(tmu_);
-    auto it = calls_.find(id);
-    if (it == calls_.end()) return nullptr;
-    it->second->Ref();
-    return it->second;
-  }
+  Call* Find(uint64_t id);  // returns a referenced call or nullptr
 
   void Forget(uint64_t id) {
     std::lock_guard<std::mutex> lk(tmu_);
@@ -256,50 +202,160 @@ class Edge {
   }
 };
 
-void Edge::ReplierLoop() {
-  std::vector<Reply> batch;
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(rmu_);
-      while (replies_.empty() && !replier_stop_) {
-        replier_idle_ = true;
-        rcv_.wait(lk);
-      }
-      if (replies_.empty() && replier_stop_) return;
-      batch.swap(replies_);
+// One call, driven by completion-queue events on the poller threads. Every operation in
+// flight holds a reference, as do the table of live calls (until the call is done) and a
+// Python-side lookup (for one operation).
+class Call {
+ public:
+  explicit Call(Edge* edge) : edge_(edge), stream_(&ctx_) {}
+
+  void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  void Post() {  // wait for the next call gRPC accepts
+    Ref();  // the OP_REQUEST in flight
+    Ref();  // OP_DONE, armed before the call starts (gRPC's rule)
+    ctx_.AsyncNotifyWhenDone(&done_tag_);
+    edge_->service_.RequestCall(&ctx_, &stream_, edge_->cq_.get(), edge_->cq_.get(),
+                                &request_tag_);
+  }
+
+  void OnEvent(OpKind op, bool ok);
+
+  // From the poller that took the replies (never holding a lock of ours while starting).
+  void PyWrite(grpc::ByteBuffer msg);
+  void PyFinish(grpc::ByteBuffer* msg, grpc::Status status);
+
+ private:
+  void OnRequest(bool ok);
+  void OnRead(bool ok);
+  void OnWrite(bool ok);
+  void OnDone();
+  void StartRead() {
+    Ref();
+    stream_.Read(&in_, &read_tag_);
+  }
+  void StartWrite(grpc::ByteBuffer* msg) {
+    Ref();
+    stream_.Write(*msg, &write_tag_);
+  }
+  void StartFinish(grpc::ByteBuffer* msg, const grpc::Status& status) {
+    Ref();
+    if (msg != nullptr) {
+      stream_.WriteAndFinish(*msg, grpc::WriteOptions(), status, &finish_tag_);
+    } else {
+      stream_.Finish(status, &finish_tag_);
     }
-    for (Reply& r : batch) {
-      Call* call = Find(r.id);
-      if (!call) continue;
-      if (r.finish) {
-        call->PyFinish(r.has_msg ? &r.msg : nullptr, r.status);
-      } else {
-        call->PyWrite(std::move(r.msg));
-      }
-      call->Unref();
+  }
+
+  Edge* edge_;
+  grpc::GenericServerContext ctx_;
+  grpc::GenericServerAsyncReaderWriter stream_;
+  Tag request_tag_{this, OP_REQUEST};
+  Tag read_tag_{this, OP_READ};
+  Tag write_tag_{this, OP_WRITE};
+  Tag finish_tag_{this, OP_FINISH};
+  Tag done_tag_{this, OP_DONE};
+  std::atomic<int> refs_{0};
+
+  uint64_t id_ = 0;
+  bool streaming_ = false;
+  bool first_ = true;
+  grpc::ByteBuffer in_;
+
+  std::mutex mu_;
+  std::deque<grpc::ByteBuffer> out_;  // stream writes; the front one is being written
+  bool writing_ = false;
+  bool finished_ = false;        // Finish / WriteAndFinish started
+  bool finish_pending_ = false;  // finish once the writes drain
+  bool done_ = false;            // gRPC is done with the call (finished or cancelled)
+  grpc::ByteBuffer last_;        // unary response, alive until its finish completes
+  grpc::Status finish_status_;
+};
+
+Call* Edge::Find(uint64_t id) {
+  std::lock_guard<std::mutex> lk(tmu_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return nullptr;
+  it->second->Ref();
+  return it->second;
+}
+
+void Edge::Request() { (new Call(this))->Post(); }
+
+void Edge::Poll() {
+  void* raw;
+  bool ok;
+  while (cq_->Next(&raw, &ok)) {
+    Tag* tag = static_cast<Tag*>(raw);
+    if (tag->op == OP_ALARM) {
+      StartReplies();
+      continue;
     }
-    batch.clear();
+    tag->call->OnEvent(tag->op, ok);
   }
 }
 
-grpc::ServerGenericBidiReactor* Service::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
-  uint64_t id = edge_->next_id_.fetch_add(1, std::memory_order_relaxed);
-  bool streaming = edge_->streaming_.count(ctx->method()) > 0;
-  Call* call = new Call(edge_, ctx, id, streaming);
+void Edge::StartReplies() {
+  std::vector<Reply> batch;
+  {
+    std::lock_guard<std::mutex> lk(rmu_);
+    armed_ = false;
+    batch.swap(replies_);
+  }
+  for (Reply& r : batch) {
+    Call* call = Find(r.id);
+    if (!call) continue;
+    if (r.finish) {
+      call->PyFinish(r.has_msg ? &r.msg : nullptr, r.status);
+    } else {
+      call->PyWrite(std::move(r.msg));
+    }
+    call->Unref();
+  }
+}
+
+void Call::OnEvent(OpKind op, bool ok) {
+  switch (op) {
+    case OP_REQUEST:
+      OnRequest(ok);
+      break;
+    case OP_READ:
+      OnRead(ok);
+      break;
+    case OP_WRITE:
+      OnWrite(ok);
+      break;
+    case OP_FINISH:
+      break;
+    case OP_DONE:
+      OnDone();
+      break;
+    default:
+      break;
+  }
+  Unref();  // the operation's reference
+}
+
+void Call::OnRequest(bool ok) {
+  if (!ok) {  // shutting down: this call never started; its done tag never comes
+    Unref();
+    return;
+  }
+  if (!edge_->stopping_.load(std::memory_order_relaxed)) edge_->Request();
+  id_ = edge_->next_id_.fetch_add(1, std::memory_order_relaxed);
+  streaming_ = edge_->streaming_.count(ctx_.method()) > 0;
   {
     std::lock_guard<std::mutex> lk(edge_->tmu_);
-    edge_->calls_.emplace(id, call);
+    edge_->calls_.emplace(id_, this);
   }
-  call->Begin();
-  return call;
+  Ref();  // the table's
+  StartRead();
 }
 
-Call::Call(Edge* edge, grpc::GenericCallbackServerContext* ctx, uint64_t id, bool streaming)
-    : edge_(edge), ctx_(ctx), id_(id), streaming_(streaming) {}
-
-void Call::Begin() { StartRead(&in_); }
-
-void Call::OnReadDone(bool ok) {
+void Call::OnRead(bool ok) {
   if (!ok) {
     if (streaming_ && !first_) {
       edge_->Push(Event{id_, EV_HALF_CLOSE, {}, {}});
@@ -307,7 +363,7 @@ void Call::OnReadDone(bool ok) {
     }
     if (streaming_) {  // a stream closed before its first message: nothing for Python yet
       first_ = false;
-      edge_->Push(Event{id_, EV_CALL, ctx_->method(), {}});
+      edge_->Push(Event{id_, EV_CALL, ctx_.method(), {}});
       edge_->Push(Event{id_, EV_HALF_CLOSE, {}, {}});
       return;
     }
@@ -315,34 +371,34 @@ void Call::OnReadDone(bool ok) {
     bool fin = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (!finished_) finished_ = fin = true;
+      if (!finished_ && !done_) finished_ = fin = true;
     }
-    if (fin) Finish(grpc::Status(grpc::StatusCode::INTERNAL, "no request message"));
+    if (fin) StartFinish(nullptr, grpc::Status(grpc::StatusCode::INTERNAL, "no request message"));
     return;
   }
   if (!streaming_) {
     std::lock_guard<std::mutex> lk(mu_);
-    if (cancelled_) return;  // cancelled while its message arrived: Python need not start it
+    if (done_) return;  // cancelled while its message arrived: Python need not start it
   }
-  Event ev{id_, first_ ? EV_CALL : EV_MESSAGE, first_ ? ctx_->method() : std::string(), {}};
+  Event ev{id_, first_ ? EV_CALL : EV_MESSAGE, first_ ? ctx_.method() : std::string(), {}};
   ev.payload.Swap(&in_);
   if (streaming_ && first_) {
     // Open the stream in Python first, then hand over its first message.
-    edge_->Push(Event{id_, EV_CALL, ctx_->method(), {}});
+    edge_->Push(Event{id_, EV_CALL, ctx_.method(), {}});
     ev.kind = EV_MESSAGE;
     ev.method.clear();
   }
   first_ = false;
   Flatten(ev);
   edge_->Push(std::move(ev));
-  if (streaming_) StartRead(&in_);
+  if (streaming_) StartRead();
 }
 
 void Call::PyWrite(grpc::ByteBuffer msg) {
   grpc::ByteBuffer* start = nullptr;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (finished_ || finish_pending_ || cancelled_) return;
+    if (finished_ || finish_pending_ || done_) return;
     out_.push_back(std::move(msg));
     if (!writing_) {
       writing_ = true;
@@ -352,7 +408,7 @@ void Call::PyWrite(grpc::ByteBuffer msg) {
   if (start) StartWrite(start);
 }
 
-void Call::OnWriteDone(bool ok) {
+void Call::OnWrite(bool ok) {
   grpc::ByteBuffer* next = nullptr;
   bool fin = false;
   {
@@ -363,11 +419,11 @@ void Call::OnWriteDone(bool ok) {
       next = &out_.front();
     } else {
       writing_ = false;
-      if (finish_pending_ && !finished_) finished_ = fin = true;
+      if (finish_pending_ && !finished_ && !done_) finished_ = fin = true;
     }
   }
   if (next) StartWrite(next);
-  if (fin) Finish(finish_status_);
+  if (fin) StartFinish(nullptr, finish_status_);
 }
 
 void Call::PyFinish(grpc::ByteBuffer* msg, grpc::Status status) {
@@ -375,7 +431,7 @@ void Call::PyFinish(grpc::ByteBuffer* msg, grpc::Status status) {
   grpc::ByteBuffer* start = nullptr;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (finished_ || finish_pending_) return;
+    if (finished_ || finish_pending_ || done_) return;
     if (!streaming_) {
       finished_ = true;
       if (msg != nullptr && status.ok()) {
@@ -385,7 +441,7 @@ void Call::PyFinish(grpc::ByteBuffer* msg, grpc::Status status) {
         what = FINISH;
       }
     } else {
-      if (msg != nullptr && !cancelled_) out_.push_back(std::move(*msg));
+      if (msg != nullptr) out_.push_back(std::move(*msg));
       if (!writing_ && out_.empty()) {
         finished_ = true;
         what = FINISH;
@@ -401,36 +457,27 @@ void Call::PyFinish(grpc::ByteBuffer* msg, grpc::Status status) {
     }
   }
   if (what == WRITE_FINISH) {
-    StartWriteAndFinish(&last_, grpc::WriteOptions(), status);
+    StartFinish(&last_, status);
   } else if (what == FINISH) {
-    Finish(status);
+    StartFinish(nullptr, status);
   } else if (what == WRITE_THEN_FINISH) {
     StartWrite(start);
   }
 }
 
-void Call::OnCancel() {
-  bool fin = false;
+void Call::OnDone() {
+  bool cancelled = ctx_.IsCancelled();
   {
     std::lock_guard<std::mutex> lk(mu_);
-    cancelled_ = true;
-    if (!finished_) {
-      if (writing_) {
-        finish_pending_ = true;
-        finish_status_ = grpc::Status::CANCELLED;
-      } else {
-        finished_ = fin = true;
-      }
-    }
+    done_ = true;
   }
-  if (fin) Finish(grpc::Status::CANCELLED);
-  edge_->Push(Event{id_, EV_CANCEL, {}, {}});
-}
-
-void Call::OnDone() {
-  edge_->Forget(id_);
-  Unref();  // the table's reference
-  Unref();  // the reactor's own
+  if (id_ != 0) {
+    // A call cancelled by the client, its deadline or shutdown: gRPC has answered it
+    // already; Python hears of it to cancel its work, and a late answer finds no call.
+    if (cancelled) edge_->Push(Event{id_, EV_CANCEL, {}, {}});
+    edge_->Forget(id_);
+    Unref();  // the table's
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -516,7 +563,8 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   int port = 0;
   // TLS arrives later: only the credentials object changes here.
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterCallbackGenericService(&edge->service_);
+  builder.RegisterAsyncGenericService(&edge->service_);
+  edge->cq_ = builder.AddCompletionQueue();
   std::unique_ptr<grpc::Server> server;
   Py_BEGIN_ALLOW_THREADS server = builder.BuildAndStart();
   Py_END_ALLOW_THREADS if (!server || port == 0) {
@@ -524,7 +572,11 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
     return nullptr;
   }
   edge->server_ = std::move(server);
-  edge->StartReplier();
+  const char* env = getenv("SLUICE_GRPC_EDGE_THREADS");
+  int threads = env ? atoi(env) : 1;
+  if (threads < 1) threads = 1;
+  for (int i = 0; i < 32; ++i) edge->Request();
+  for (int i = 0; i < threads; ++i) edge->pollers_.emplace_back([edge] { edge->Poll(); });
   return PyLong_FromLong(port);
 }
 
@@ -720,8 +772,13 @@ PyObject* PyEdge_stop(PyEdge* self, PyObject* args) {
   auto deadline = std::chrono::system_clock::now() +
                   std::chrono::microseconds(static_cast<int64_t>(grace * 1e6));
   Py_BEGIN_ALLOW_THREADS edge->server_->Shutdown(deadline);
+  {
+    std::lock_guard<std::mutex> lk(edge->rmu_);
+    edge->cq_closed_ = true;
+  }
+  edge->cq_->Shutdown();
+  for (std::thread& t : edge->pollers_) t.join();
   edge->server_->Wait();
-  edge->StopReplier();
   Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -757,7 +814,7 @@ PyMethodDef PyEdge_methods[] = {
 PyTypeObject PyEdgeType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyModuleDef edge_module = {PyModuleDef_HEAD_INIT, "_edge",
-                           "sluice's native gRPC edge (gRPC C++ generic callback service)", -1,
+                           "sluice's native gRPC edge (gRPC C++ async generic service)", -1,
                            nullptr};
 
 }  // namespace
