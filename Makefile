@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,torch]'
+	$(PY) -m pip install -q -e '.[dev,torch,otel]'
 	touch $(STAMP)
 
 # The native gRPC edge (gRPC C++; DESIGN.md): system packages, then a ~10 s compile. Where
@@ -34,7 +34,12 @@ serve: install models
 	$(VENV)/bin/sluice serve --model-repository=examples/model_repo \
 	  --model-control-mode=explicit --load-model=add_sub --strict-readiness=true
 
-test: install models
+# perf_analyzer (NVIDIA's, from the tritonclient 2.40.0 wheel) for the seed-command e2e tests
+PA_STAMP := $(VENV)/bin/perf_analyzer
+$(PA_STAMP): scripts/install-perf-analyzer | $(STAMP)
+	scripts/install-perf-analyzer
+
+test: install models $(PA_STAMP)
 	scripts/install-system-deps
 	scripts/run-tests
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import glob
+import itertools
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +25,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
+    """A port that was free a moment ago, for an address that nothing should listen on. The
+    launcher never uses it: servers bind port 0 and report what they got (``--port-file``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+_serial = itertools.count()
+TRACEBACK = "Traceback (most recent call last)"
+# a python model's file: <model>/<version>/model.py (in a repository, or a load's file override)
+MODEL_FILE = re.compile(r"/\d+/model\.py$")
+
+
 class ServerProcess:
-    """``sluice serve`` in a child process; stopped by its PID."""
+    """``sluice serve`` in a child process on 127.0.0.1; stopped by its PID.
+
+    The server binds port 0 for HTTP, gRPC and metrics and writes the ports it got to a
+    ``--port-file``; ``http_port``/``grpc_port``/``metrics_port`` (and ``http``, ``grpc``,
+    ``metrics``) wait for that file. ``ports=(h, g, m)`` asks for fixed ports instead."""
 
     def __init__(
         self,
@@ -36,27 +53,26 @@ class ServerProcess:
         ports: tuple[int, int, int] | None = None,
     ) -> None:
         self.repo = repo
-        self.http_port, self.grpc_port, self.metrics_port = ports or (
-            free_port(),
-            free_port(),
-            free_port(),
-        )
-        self.http = f"127.0.0.1:{self.http_port}"
-        self.grpc = f"127.0.0.1:{self.grpc_port}"
-        self.metrics = f"127.0.0.1:{self.metrics_port}"
-        self.log_path = repo.parent / f"server-{self.http_port}.log"
+        n = f"{os.getpid()}-{next(_serial)}"
+        self.log_path = repo.parent / f"server-{n}.log"
+        self.port_file = repo.parent / f"server-{n}.ports.json"
+        self._ports: dict[str, int | None] | None = None
+        if ports is not None:
+            self._ports = dict(zip(("http", "grpc", "metrics"), ports, strict=True))
+        h, g, m = ports or (0, 0, 0)
         self.cmd = [
             sys.executable,
             "-m",
             "sluice",
             "serve",
             f"--model-repository={repo}",
-            f"--http-port={self.http_port}",
-            f"--grpc-port={self.grpc_port}",
-            f"--metrics-port={self.metrics_port}",
+            f"--http-port={h}",
+            f"--grpc-port={g}",
+            f"--metrics-port={m}",
             "--http-address=127.0.0.1",
             "--grpc-address=127.0.0.1",
             "--metrics-address=127.0.0.1",
+            f"--port-file={self.port_file}",
             *flags,
         ]
         self._log = open(self.log_path, "wb")  # noqa: SIM115
@@ -69,6 +85,56 @@ class ServerProcess:
         )
         self.children: list[psutil.Process] = []
 
+    # ------------------------------------------------------------------ ports
+    def ports(self, timeout: float = 60.0) -> dict[str, int | None]:
+        """The bound ports, from the port file (waits until the server has written it)."""
+        deadline = time.monotonic() + timeout
+        while self._ports is None:
+            try:
+                self._ports = json.loads(self.port_file.read_text())
+                break
+            except (OSError, ValueError):  # not there yet (it is replaced atomically)
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} before it listened:\n{self.log()}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server wrote no port file in {timeout}s:\n{self.log()}")
+            time.sleep(0.02)
+        return self._ports
+
+    def _port(self, which: str) -> int:
+        port = self.ports()[which]
+        if port is None:
+            raise RuntimeError(f"this server has no {which} endpoint (--allow-{which}=false)")
+        return int(port)
+
+    @property
+    def http_port(self) -> int:
+        return self._port("http")
+
+    @property
+    def grpc_port(self) -> int:
+        return self._port("grpc")
+
+    @property
+    def metrics_port(self) -> int:
+        return self._port("metrics")
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics(self) -> str:
+        return f"127.0.0.1:{self.metrics_port}"
+
+    # ------------------------------------------------------------------ state
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -82,6 +148,8 @@ class ServerProcess:
 
     def wait_live(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
+        if self.ports(timeout)["http"] is None:
+            return  # no HTTP: the port file is written once the other front-ends listen
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
@@ -93,11 +161,24 @@ class ServerProcess:
             time.sleep(0.05)
         raise TimeoutError(f"server not live after {timeout}s:\n{self.log()}")
 
+    def _ready(self) -> bool:
+        if self.ports()["http"] is not None:
+            return self.get("/v2/health/ready")[0] == 200
+        import tritonclient.grpc as grpcclient  # no HTTP (--allow-http=false): ask over gRPC
+
+        c = grpcclient.InferenceServerClient(self.grpc)
+        try:
+            return bool(c.is_server_ready())
+        except Exception:  # noqa: BLE001 - not answering yet
+            return False
+        finally:
+            c.close()
+
     def wait_ready(self, timeout: float = 60.0) -> None:
         self.wait_live(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.get("/v2/health/ready")[0] == 200:
+            if self._ready():
                 return
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited:\n{self.log()}")
@@ -106,12 +187,19 @@ class ServerProcess:
 
     def snapshot_children(self) -> list[psutil.Process]:
         try:
-            self.children = psutil.Process(self.proc.pid).children(recursive=True)
+            found = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
-            self.children = []
-        return self.children
+            found = []
+        known = {p.pid for p in self.children}
+        self.children = [p for p in self.children if p.is_running()] + [
+            p for p in found if p.pid not in known
+        ]
+        return found
 
+    # ------------------------------------------------------------------ stop
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Signal the server and wait for it; returns its exit status (-9 if it had to be
+        killed after ``timeout``)."""
         self.snapshot_children()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -123,33 +211,112 @@ class ServerProcess:
         self._log.close()
         return int(self.proc.returncode)
 
+    def session_members(self) -> list[psutil.Process]:
+        """Processes still in the server's session (it is started in a new one): its workers,
+        also any that lost their parent."""
+        members = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if p.pid != self.proc.pid and os.getsid(p.pid) == self.proc.pid:
+                    members.append(p)
+        return members
+
     def leftover_children(self) -> list[psutil.Process]:
-        gone, alive = psutil.wait_procs(self.children, timeout=5)
+        """Workers (seen as children, or still in the server's session) alive 5 s from now."""
+        known = {p.pid for p in self.children}
+        procs = self.children + [p for p in self.session_members() if p.pid not in known]
+        gone, alive = psutil.wait_procs(procs, timeout=5)
         return alive
+
+    def leftover_segments(self) -> list[str]:
+        """Shared-memory segments this server's python-model instances created (named
+        ``sl<server pid>_...``) that are still there."""
+        return sorted(glob.glob(f"/dev/shm/sl{self.proc.pid}_*"))
+
+    def server_tracebacks(self) -> list[str]:
+        """Tracebacks in the log that are the server's own: one with a frame in a model
+        repository is a python model's error, reported as Triton reports it (not a finding)."""
+        repos = [
+            str(Path(f.split("=", 1)[1]).resolve())
+            for f in self.cmd
+            if f.startswith("--model-repository=")
+        ]
+        found = []
+        lines = self.log().splitlines()
+        for i, line in enumerate(lines):
+            if TRACEBACK not in line:
+                continue
+            block = [line]
+            for follow in lines[i + 1 :]:
+                if not follow.startswith(" "):
+                    block.append(follow)  # the exception line
+                    break
+                block.append(follow)
+            frames = [b.split('"')[1] for b in block if b.lstrip().startswith('File "')]
+            model_frame = any(
+                str(Path(f).resolve()).startswith(r) or MODEL_FILE.search(f)
+                for f in frames
+                for r in repos
+            )
+            if not model_frame:
+                found.append("\n".join(block))
+        return found
+
+    def teardown_problems(self, stopped_here: bool, rc: int) -> list[str]:
+        """What a clean stop must not show; every leftover found is removed."""
+        problems = []
+        if stopped_here and rc != 0:
+            problems.append(f"exit status {rc} after SIGTERM (expected 0)")
+        for tb in self.server_tracebacks():
+            problems.append(f"a traceback in the server log:\n{tb}")
+        alive = self.leftover_children()
+        if alive:
+            problems.append(f"worker processes left behind: {[p.pid for p in alive]}")
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        segments = self.leftover_segments()
+        if segments:
+            problems.append(f"shared-memory segments left behind: {segments}")
+            for path in segments:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        return problems
 
 
 @contextlib.contextmanager
 def server_launcher() -> Iterator:
-    """``start(repo, *flags, ready=True)`` starts a ServerProcess; all of them are stopped by
-    PID (and any worker left behind is killed) when the context ends."""
-    started: list[ServerProcess] = []
+    """``start(repo, *flags, ready=True, expect_clean=True)`` starts a ServerProcess. When the
+    context ends every server still running gets SIGTERM and must exit 0; every server (also
+    those a test stopped itself) must leave no traceback in its log, no worker process and no
+    shared-memory segment behind. ``expect_clean=False`` is for a test that makes the server
+    fail on purpose: leftovers are still removed, but not reported."""
+    started: list[tuple[ServerProcess, bool]] = []
 
-    def start(repo: Path, *flags: str, ready: bool = True, **kw: object) -> ServerProcess:
+    def start(
+        repo: Path, *flags: str, ready: bool = True, expect_clean: bool = True, **kw: object
+    ) -> ServerProcess:
         srv = ServerProcess(repo, *flags, **kw)  # type: ignore[arg-type]
-        started.append(srv)
+        started.append((srv, expect_clean))
         if ready:
             srv.wait_ready()
         else:
             srv.wait_live()
+        srv.snapshot_children()
         return srv
 
     try:
         yield start
     finally:
-        for srv in started:
-            srv.stop()
-            for child in srv.leftover_children():
-                child.kill()
+        report = []
+        for srv, expect_clean in started:
+            running = srv.proc.poll() is None
+            rc = srv.stop()
+            problems = srv.teardown_problems(running, rc)
+            if problems and expect_clean:
+                report.append(f"server {' '.join(srv.cmd[4:])}:\n  " + "\n  ".join(problems))
+        if report:
+            raise AssertionError("unclean server teardown:\n" + "\n".join(report))
 
 
 @pytest.fixture

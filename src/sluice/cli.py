@@ -35,6 +35,15 @@ def _port(text: str) -> int:
     return value
 
 
+def _size(text: str) -> int:
+    from .sysmem import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-repository",
@@ -53,13 +62,43 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="model to load at start in explicit mode (repeatable; '*' = all, alone)",
     )
+    p.add_argument(
+        "--model-control-state",
+        default="",
+        metavar="PATH",
+        help="explicit mode: record the loaded models, versions, overrides and traffic splits "
+        "in this file on every change, and restore them at start",
+    )
     p.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--http-port", type=_port, default=8000)
     p.add_argument("--grpc-port", type=_port, default=8001)
     p.add_argument("--metrics-port", type=_port, default=8002)
+    p.add_argument(
+        "--port-file",
+        default="",
+        metavar="PATH",
+        help="once the front-ends listen, write the ports they bound here as JSON "
+        '({"http": N, "grpc": N, "metrics": N}; null where disabled): with port 0 = any free port',
+    )
     p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument(
+        "--http-max-input-size",
+        type=_nonneg_int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="the most bytes an HTTP request body may hold (default 64 MiB; 0 = no limit); "
+        "a larger one is answered 413",
+    )
+    p.add_argument(
+        "--http-max-header-size",
+        type=_nonneg_int,
+        default=64 << 10,
+        metavar="BYTES",
+        help="sluice's: the most bytes of an HTTP request line and headers (default 64 KiB); "
+        "a larger head is answered 431",
+    )
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument(
         "--metrics-address", default=None, help="defaults to --http-address, as in Triton"
@@ -76,6 +115,22 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-interval-ms", type=int, default=2000)
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument(
+        "--traffic-follows-readiness",
+        type=_bool,
+        default=False,
+        metavar="BOOL",
+        help="for replicas behind a proxy without health checks (nginx): inference is refused "
+        "(503 / UNAVAILABLE) while the server is not ready, gRPC listens only once the "
+        "start-up models are loaded and stops taking calls at SIGTERM (GOAWAY), so that the "
+        "proxy passes such requests to another replica; in-flight calls still finish",
+    )
+    p.add_argument(
+        "--server-name",
+        default="triton",
+        help="the name reported by GET /v2 and gRPC ServerMetadata (default 'triton', which "
+        "Triton's clients check for; the reported version is always sluice's own)",
+    )
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument(
         "--strict-model-config",
@@ -95,13 +150,37 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="exit if a model fails to load at start (as tritonserver)",
     )
     p.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[<mode>,]<setting>=<value>",
+        help="tracing (Triton's trace extension): level=TIMESTAMPS, rate=N, count=N, "
+        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+        "opentelemetry,url=URL, opentelemetry,resource=K=V, opentelemetry,bsp_*=N",
+    )
+    # tritonserver's deprecated spellings of --trace-config
+    p.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--trace-level", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--trace-rate", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--trace-count", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--trace-log-frequency", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
         "--cache-config",
         action="append",
         default=[],
         metavar="<cache>,<key>=<value>",
         help="the response cache: local,size=<bytes> (models opt in with response_cache)",
     )
+    p.add_argument(
+        "--model-memory-limit",
+        type=_size,
+        default=0,
+        metavar="BYTES",
+        help="memory the server and its workers may hold (K/M/G suffixes); a load whose "
+        "instances would not fit is refused (the machine's available memory is always checked)",
+    )
     _add_grpc_flags(p)
+    _add_security_flags(p)
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
@@ -150,6 +229,81 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    """TLS (tritonserver's --grpc-* spellings, and the same shape for HTTP), Triton's
+    restricted APIs, sluice's API keys and audit log (access.py, keys.py, audit.py)."""
+    for proto in ("grpc", "http"):
+        p.add_argument(f"--{proto}-use-ssl", type=_bool, default=False, metavar="BOOL")
+        p.add_argument(
+            f"--{proto}-use-ssl-mutual",
+            type=_bool,
+            default=False,
+            metavar="BOOL",
+            help=f"TLS with client certificates (signed by --{proto}-root-cert); implies "
+            f"--{proto}-use-ssl",
+        )
+        p.add_argument(f"--{proto}-server-cert", default="", metavar="PEM")
+        p.add_argument(f"--{proto}-server-key", default="", metavar="PEM")
+        p.add_argument(f"--{proto}-root-cert", default="", metavar="PEM")
+    p.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="<apis>:<key>=<value>",
+        help="these APIs need header <key>: <value> (health, metadata, inference, "
+        "shared-memory, model-config, model-repository, statistics, trace, logging)",
+    )
+    p.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="<protocols>:<key>=<value>",
+        help="these protocols need metadata triton-grpc-protocol-<key>: <value>",
+    )
+    p.add_argument(
+        "--api-keys-file",
+        default="",
+        metavar="PATH",
+        help="API keys: '<sha256 hex> <role> <name>' per line (roles: inference, admin); "
+        "requests then need 'Authorization: Bearer <key>'; re-read on SIGHUP",
+    )
+    p.add_argument(
+        "--audit-log",
+        default="",
+        metavar="PATH",
+        help="append one JSON line per control action (load, unload, traffic, shared memory, "
+        "log/trace settings)",
+    )
+
+
+def _security(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, object]:
+    from .access import parse_restrictions
+    from .tls import TlsFiles
+
+    out: dict[str, object] = {}
+    try:
+        for proto in ("grpc", "http"):
+            out[f"{proto}_tls"] = TlsFiles.from_flags(
+                f"--{proto}",
+                use_ssl=getattr(ns, f"{proto}_use_ssl"),
+                mutual=getattr(ns, f"{proto}_use_ssl_mutual"),
+                cert=getattr(ns, f"{proto}_server_cert"),
+                key=getattr(ns, f"{proto}_server_key"),
+                root=getattr(ns, f"{proto}_root_cert"),
+            )
+        out["http_restricted"] = parse_restrictions(
+            ns.http_restricted_api, "--http-restricted-api", "api"
+        )
+        out["grpc_restricted"] = parse_restrictions(
+            ns.grpc_restricted_protocol, "--grpc-restricted-protocol", "protocol"
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    out["api_keys_file"] = ns.api_keys_file
+    out["audit_log"] = ns.audit_log
+    return out
+
+
 def _add_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--grpc-edge",
@@ -196,6 +350,17 @@ def build_parser() -> argparse.ArgumentParser:
     from .perf.cli import add_perf_flags
 
     add_perf_flags(perf)
+    from .ops.model_cmd import add_model_parser
+    from .ops.tune import add_tune_flags
+
+    add_model_parser(sub)
+    tune = sub.add_parser(
+        "tune", help="try instance counts / dynamic batching against a p99 budget"
+    )
+    add_tune_flags(tune)
+    from .lint.cli import add_repo_commands
+
+    add_repo_commands(sub.add_parser("repo", help="model repository tools: repo lint PATH"))
     return parser
 
 
@@ -227,6 +392,11 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         parser.error("--load-model=* must be the only --load-model")
     if loads and ns.model_control_mode != ControlMode.EXPLICIT:
         parser.error("--load-model requires --model-control-mode=explicit")
+    if ns.model_control_state and ns.model_control_mode != ControlMode.EXPLICIT:
+        parser.error(
+            "--model-control-state requires --model-control-mode=explicit (in the other modes "
+            "the repository, not the API, decides what is loaded)"
+        )
     disable_ac = ns.disable_auto_complete_config or bool(ns.strict_model_config)
     if ns.grpc_edge not in GrpcEdge.ALL:
         parser.error(
@@ -237,20 +407,26 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         model_repositories=tuple(Path(p) for p in ns.model_repository),
         control_mode=ns.model_control_mode,
         load_models=loads,
+        model_control_state=ns.model_control_state,
         strict_readiness=ns.strict_readiness,
         allow_http=ns.allow_http,
         allow_grpc=ns.allow_grpc,
         http_address=ns.http_address,
+        http_max_input_size=ns.http_max_input_size,
+        http_max_header_size=ns.http_max_header_size,
         http_port=ns.http_port,
         grpc_address=ns.grpc_address,
         grpc_port=ns.grpc_port,
         metrics_address=ns.metrics_address or ns.http_address,
         metrics_port=ns.metrics_port,
+        port_file=ns.port_file,
         allow_metrics=ns.allow_metrics,
         allow_cpu_metrics=ns.allow_cpu_metrics,
         metrics_interval_ms=ns.metrics_interval_ms,
         repository_poll_secs=ns.repository_poll_secs,
         exit_timeout_secs=ns.exit_timeout_secs,
+        traffic_follows_readiness=ns.traffic_follows_readiness,
+        server_name=ns.server_name,
         disable_auto_complete_config=disable_ac,
         log_verbose=ns.log_verbose,
         log_info=ns.log_info,
@@ -264,7 +440,36 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         grpc_channel_args=_grpc_channel_args(ns),
         grpc_infer_allocation_pool_size=ns.grpc_infer_allocation_pool_size,
         cache_size_bytes=_cache_size(ns.cache_config, parser),
+        trace_config=_trace_config(ns, parser),
+        model_memory_limit=ns.model_memory_limit,
+        **_security(ns, parser),  # type: ignore[arg-type]
     )
+
+
+def _trace_config(
+    ns: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[tuple[str, str, str], ...]:
+    """--trace-config items (and the deprecated --trace-* flags, which come first, so that
+    --trace-config wins) as (mode, setting, value), checked once here."""
+    from .tracing import parse_trace_flags, split_flag
+
+    items: list[tuple[str, str, str]] = []
+    if ns.trace_file is not None:
+        items.append(("triton", "file", ns.trace_file))
+    items += [("", "level", v) for v in ns.trace_level]
+    for key, value in (
+        ("rate", ns.trace_rate),
+        ("count", ns.trace_count),
+        ("log-frequency", ns.trace_log_frequency),
+    ):
+        if value is not None:
+            items.append(("triton" if key == "log-frequency" else "", key, value))
+    try:
+        items += [split_flag(item) for item in ns.trace_config]
+        parse_trace_flags(items)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return tuple(items)
 
 
 def _cache_size(items: list[str], parser: argparse.ArgumentParser) -> int:
@@ -290,6 +495,18 @@ def main(argv: list[str] | None = None) -> int:
         from .perf.cli import run_perf
 
         return run_perf(ns)
+    if ns.command == "model":
+        from .ops.model_cmd import run_model
+
+        return run_model(ns)
+    if ns.command == "tune":
+        from .ops.tune import run_tune
+
+        return run_tune(ns)
+    if ns.command == "repo":
+        from .lint.cli import run_repo
+
+        return run_repo(ns)
     parser.error(f"unknown command {ns.command}")
     return 2
 

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .access import Restriction
+    from .tls import TlsFiles
 
 __all__ = ["ServerConfig", "ControlMode", "GrpcEdge"]
 
@@ -32,6 +37,9 @@ class ServerConfig:
     model_repositories: tuple[Path, ...] = ()
     control_mode: str = ControlMode.NONE
     load_models: tuple[str, ...] = ()
+    # --model-control-state: the file recording loaded models, versions, overrides and traffic
+    # splits (explicit mode), restored at start ("" = none)
+    model_control_state: str = ""
     strict_readiness: bool = True
     http_address: str = "0.0.0.0"
     http_port: int = 8000
@@ -39,6 +47,8 @@ class ServerConfig:
     grpc_port: int = 8001
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    # --port-file: the bound ports as JSON, written once the front-ends listen ("" = none)
+    port_file: str = ""
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
@@ -46,6 +56,12 @@ class ServerConfig:
     metrics_interval_ms: int = 2000
     repository_poll_secs: float = 15.0
     exit_timeout_secs: float = 30.0
+    # behind a proxy without health checks: refuse inference while not ready, gRPC listens
+    # only from the end of the start-up loads to SIGTERM (server.py, service.py)
+    traffic_follows_readiness: bool = False
+    # --server-name: the "name" of GET /v2 and gRPC ServerMetadata. "triton" by default because
+    # Triton's own clients and examples check for it; "version" is always sluice's own.
+    server_name: str = "triton"
     disable_auto_complete_config: bool = False
     log_verbose: int = 0
     log_info: bool = True
@@ -62,3 +78,23 @@ class ServerConfig:
     grpc_infer_allocation_pool_size: int = 8
     # --cache-config local,size=N: bytes of the response cache (0 = none)
     cache_size_bytes: int = 0
+    # --trace-config [<mode>,]<setting>=<value> (and the deprecated --trace-* flags) as
+    # (mode, setting, value), validated by the CLI (tracing.parse_trace_flags)
+    trace_config: tuple[tuple[str, str, str], ...] = ()
+    # --http-max-input-size (tritonserver's): the most bytes an HTTP request body may hold
+    # (0 = no limit); --http-max-header-size (sluice's): request line + headers
+    http_max_input_size: int = 64 << 20
+    http_max_header_size: int = 64 << 10
+    # --model-memory-limit: bytes the server and its workers may hold; a load whose instances
+    # would go past it (or past the machine's available memory) is refused (0 = no limit)
+    model_memory_limit: int = 0
+    # TLS (--http-use-ssl*, --grpc-use-ssl* and their files); None = plain
+    http_tls: TlsFiles | None = None
+    grpc_tls: TlsFiles | None = None
+    # Triton's --http-restricted-api / --grpc-restricted-protocol
+    http_restricted: tuple[Restriction, ...] = ()
+    grpc_restricted: tuple[Restriction, ...] = ()
+    # --api-keys-file: hashed keys with roles, re-read on SIGHUP ("" = no keys)
+    api_keys_file: str = ""
+    # --audit-log: one JSON line per control action ("" = none)
+    audit_log: str = ""

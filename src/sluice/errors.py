@@ -5,6 +5,9 @@ Rules of this file:
   ``Status``. Front-ends map the status once (HTTP code, gRPC code); nothing else does.
 - Messages name the thing that is wrong (model, version, input, field) so a client can act
   on them without reading server logs.
+- Where Triton has a phrase for the same mistake, the message starts with Triton's phrase
+  (clients and Triton's own examples match on it) and our precision follows it, never the
+  reverse.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ __all__ = [
     "Internal",
     "Unsupported",
     "AlreadyExists",
+    "VERSION_STRING_ERROR",
+    "bad_version",
 ]
+
+# Triton's phrase for a model version that is not an integer (gRPC model_version, HTTP path)
+VERSION_STRING_ERROR = "failed to get model version from specified version string"
 
 
 class Status(enum.Enum):
@@ -31,6 +39,8 @@ class Status(enum.Enum):
     UNSUPPORTED = "UNSUPPORTED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # no valid API key (sluice's keys, not Triton's)
+    PERMISSION_DENIED = "PERMISSION_DENIED"  # a key whose role does not cover the API
 
 
 class ServerError(Exception):
@@ -70,3 +80,15 @@ class Unsupported(ServerError):
 
 class AlreadyExists(ServerError):
     status = Status.ALREADY_EXISTS
+
+
+def bad_version(name: str, version: object) -> InvalidArgument:
+    """The error for a version string that is not a non-negative integer, in Triton's words."""
+    if str(version).startswith("-") and str(version)[1:].isdigit():
+        return InvalidArgument(
+            f"invalid model version specified '{version}' , version should be an integral "
+            f"value > 0 (model '{name}')"
+        )
+    return InvalidArgument(
+        f"{VERSION_STRING_ERROR} '{version}': a version is a non-negative integer (model '{name}')"
+    )

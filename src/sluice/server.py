@@ -11,13 +11,17 @@ Shutdown (SIGTERM / SIGINT), as an ordered procedure:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import signal
 import time
 from typing import Any
 
+from .access import build_policy
 from .config import GrpcEdge, ServerConfig
 from .errors import ServerError
+from .keys import KeyFileError, KeyRing
 from .logsettings import LogSettings, setup_logging
 from .repository.manager import ModelManager
 from .service import InferenceService
@@ -40,6 +44,21 @@ class Server:
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
         self.metrics_port = config.metrics_port
+        # restricted APIs, API keys, audit log; None when none is configured
+        self.policy = build_policy(config)
+
+    def reload_keys(self) -> None:
+        """SIGHUP: re-read --api-keys-file; a bad file keeps the keys in force."""
+        guard = self.policy.guard if self.policy is not None else None
+        if guard is None or guard.keys is None or guard.keys.path is None:
+            log.info("SIGHUP: no --api-keys-file to re-read")
+            return
+        try:
+            guard.keys = KeyRing.load(guard.keys.path)
+        except KeyFileError as exc:
+            log.error("SIGHUP: %s; the keys in force are kept", exc)
+            return
+        log.info("SIGHUP: re-read %s: %d key(s)", guard.keys.path, len(guard.keys.keys))
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -64,18 +83,29 @@ class Server:
             why = f"native edge not available: {grpc_edge.IMPORT_ERROR}"
         else:
             self._grpc, self.grpc_port = await grpc_edge.start_native_grpc_server(
-                self.service, cfg.grpc_address, cfg.grpc_port, options=options
+                self.service,
+                cfg.grpc_address,
+                cfg.grpc_port,
+                options=options,
+                tls=cfg.grpc_tls,
+                policy=self.policy,
             )
             log.info("gRPC edge: native (%s, --grpc-edge=%s)", native, cfg.grpc_edge)
             return
         self._grpc, self.grpc_port = await start_grpc_server(
-            self.service, cfg.grpc_address, cfg.grpc_port, options=options
+            self.service,
+            cfg.grpc_address,
+            cfg.grpc_port,
+            options=options,
+            tls=cfg.grpc_tls,
+            policy=self.policy,
         )
         log.info("gRPC edge: grpc.aio (%s)", why)
 
     async def _start_frontends(self) -> None:
         from .frontends.grpc_edge import tune_malloc
         from .frontends.http_api import HttpFrontend, start_http_server
+        from .frontends.http_limits import limited_httptools
         from .frontends.metrics_api import metrics_app
 
         cfg = self.config
@@ -83,13 +113,15 @@ class Server:
             log.debug("malloc not tuned (not glibc)")
         if cfg.allow_http:
             self._http, task, self.http_port = await start_http_server(
-                HttpFrontend(self.service),
+                HttpFrontend(self.service, self.policy, max_input_size=cfg.http_max_input_size),
                 cfg.http_address,
                 cfg.http_port,
                 timeout_graceful_shutdown=2,
+                http=limited_httptools(cfg.http_max_header_size or 2**62),
+                **(cfg.http_tls.uvicorn_options() if cfg.http_tls is not None else {}),
             )
             self._tasks.append(task)
-        if cfg.allow_grpc:
+        if cfg.allow_grpc and not cfg.traffic_follows_readiness:
             await self._start_grpc()
         if cfg.allow_metrics:
             self._metrics, task, self.metrics_port = await start_http_server(
@@ -99,22 +131,43 @@ class Server:
                 timeout_graceful_shutdown=1,
             )
             self._tasks.append(task)
-        log.info(
-            "HTTP on %s:%s, gRPC on %s:%s, metrics on %s:%s",
-            cfg.http_address,
-            self.http_port,
-            cfg.grpc_address,
-            self.grpc_port,
-            cfg.metrics_address,
-            self.metrics_port,
-        )
+        if not (cfg.allow_grpc and cfg.traffic_follows_readiness):
+            self._announce()
+
+    def _announce(self) -> None:
+        """Triton's "Started ..." lines and the port file, once every front-end listens."""
+        cfg = self.config
+        # Triton's lines, with the ports actually bound (port 0 = any free port)
+        bound = {
+            "grpc": (cfg.allow_grpc, "GRPCInferenceService", cfg.grpc_address, self.grpc_port),
+            "http": (cfg.allow_http, "HTTPService", cfg.http_address, self.http_port),
+            "metrics": (
+                cfg.allow_metrics,
+                "Metrics Service",
+                cfg.metrics_address,
+                self.metrics_port,
+            ),
+        }
+        for on, service, address, port in bound.values():
+            if on:
+                log.info("Started %s at %s:%d", service, address, port)
+        if cfg.port_file:
+            write_port_file(cfg.port_file, {k: v[3] if v[0] else None for k, v in bound.items()})
 
     async def serve(self) -> int:
         for repo in self.config.model_repositories:
             if not repo.is_dir():
                 raise ServerError(f"--model-repository {repo}: no such directory")
+        state = self.service.control_state
+        recorded = state.read() if state is not None else None  # a bad file stops the start here
         await self._start_frontends()
-        failed = await self.manager.startup()
+        # the recorded state first; --load-model then loads what it does not hold (a plain
+        # load of a restored model changes nothing)
+        failed = await state.restore(recorded) if state is not None and recorded else []
+        failed += [n for n in await self.manager.startup() if n not in failed]
+        if self.config.allow_grpc and self.config.traffic_follows_readiness:
+            await self._start_grpc()  # gRPC listens only now (a proxy's connect failed so far)
+            self._announce()
         if failed:
             log.error("failed to load model(s): %s", ", ".join(failed))
             if self.config.exit_on_error:
@@ -124,6 +177,7 @@ class Server:
                 )
                 await self.shutdown()
                 return 1
+        await self.service.control_state_changed()
         await self._stop.wait()
         return await self.shutdown()
 
@@ -136,6 +190,13 @@ class Server:
             timeout,
         )
         self.service.stop_accepting()
+        # --traffic-follows-readiness: gRPC takes no new call from now on (a proxy passes it
+        # to another replica); the calls it holds finish within the same timeout
+        closing = (
+            asyncio.ensure_future(self._grpc.stop(grace=timeout))
+            if self._grpc is not None and self.config.traffic_follows_readiness
+            else None
+        )
         drained = await self.service.wait_idle(timeout)
         remaining = max(0.0, deadline - time.monotonic())
         drained = await self.manager.shutdown(remaining if drained else 0.0) and drained
@@ -144,14 +205,30 @@ class Server:
                 "in-flight requests did not finish within --exit-timeout-secs=%g; they were failed",
                 timeout,
             )
-        if self._grpc is not None:
+        if closing is not None:
+            await closing
+        elif self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         for srv in (self._http, self._metrics):
             if srv is not None:
                 srv.should_exit = True
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
+        # the trace file gets what is left, the OpenTelemetry exporter sends what it holds
+        await asyncio.get_running_loop().run_in_executor(None, self.service.tracer.close)
         return 0 if drained else 1
+
+
+def write_port_file(path: str, ports: dict[str, int | None]) -> None:
+    """``--port-file``: the bound ports as one JSON object, replaced atomically so that a reader
+    never sees half of it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(ports, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ServerError(f"--port-file {path}: cannot write: {exc}") from exc
 
 
 def log_settings(config: ServerConfig) -> LogSettings:
@@ -181,10 +258,11 @@ def run(config: ServerConfig) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, server.reload_keys)
         return await server.serve()
 
     try:
         return asyncio.run(main())
-    except ServerError as exc:  # e.g. a port already in use: one clear line, no traceback
+    except (ServerError, ValueError) as exc:  # a port in use, a bad certificate: one line
         log.error("sluice: %s", exc)
         return 1

@@ -6,20 +6,26 @@ control, statistics). Front-ends only translate wire formats to these calls and 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import SERVER_NAME, __version__
+from . import __version__
 from .config import ControlMode, ServerConfig
-from .errors import InvalidArgument, ServerError, Unavailable
+from .errors import InvalidArgument, ServerError, Unavailable, bad_version
+from .events import ControlEvents
 from .logsettings import LogSettings
 from .protocol.datatypes import kserve_to_numpy
+from .repository import versions
+from .repository.control_state import ControlState
 from .repository.layout import check_model_name
 from .repository.manager import ModelManager
 from .repository.states import ServingVersion, TensorInfo
 from .shared_memory import SharedMemoryRegistry
+from .tracing import Tracer, parse_trace_flags
 from .types import InferRequest, InferResponse
 
 __all__ = ["InferenceService", "EXTENSIONS"]
@@ -34,8 +40,12 @@ EXTENSIONS = [
     "parameters",
     "statistics",
     "system_shared_memory",
+    "trace",
     "logging",
 ]
+
+
+_NOT_READY = "Server is not ready: inference is refused until it is (--traffic-follows-readiness)"
 
 
 class InferenceService:
@@ -48,8 +58,19 @@ class InferenceService:
         # the settings that the server's log handler filters with (logging extension)
         self.logs = logs or LogSettings(log_verbose_level=config.log_verbose)
         self.serving = manager.serving
+        # --model-control-state: recorded after every control call, restored at start
+        self.control_state = (
+            ControlState(Path(config.model_control_state), manager)
+            if config.model_control_state
+            else None
+        )
+        # the trace extension: settings, sampling, the trace file / OpenTelemetry exporter
+        self.tracer = Tracer(parse_trace_flags(config.trace_config))
         self._accepting = True
         self._inflight = 0
+        self.events = ControlEvents()  # recent load/unload/traffic outcomes (dashboard)
+        # --traffic-follows-readiness: no inference while not ready (a proxy goes elsewhere)
+        self._gated = config.traffic_follows_readiness
         self._idle: asyncio.Event | None = None
 
     # --- lifecycle ------------------------------------------------------------
@@ -65,13 +86,17 @@ class InferenceService:
         return self._accepting and self.manager.server_ready()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        return {
+            "name": self.config.server_name,
+            "version": __version__,
+            "extensions": list(EXTENSIONS),
+        }
 
     # --- models ---------------------------------------------------------------
     def model_ready(self, name: str, version: str = "") -> bool:
         check_model_name(name)
         if version and not version.isdigit():
-            raise InvalidArgument(f"invalid version '{version}' for model '{name}'")
+            raise bad_version(name, version)
         return self._accepting and self.manager.is_ready(name, version)
 
     def _serving(self, name: str, version: str) -> ServingVersion:
@@ -108,6 +133,8 @@ class InferenceService:
         "ModelInfer RPC") words the refusal of a decoupled model as Triton does."""
         if not self._accepting:
             raise Unavailable("Server is shutting down: new inference requests are refused")
+        if self._gated and not self.manager.server_ready():
+            raise Unavailable(_NOT_READY)
         if request.shm_inputs:
             self._read_shm_inputs(request)
         self._inflight += 1
@@ -147,6 +174,8 @@ class InferenceService:
         """0..N responses of a decoupled model (exactly one otherwise); the last is final."""
         if not self._accepting:
             raise Unavailable("Server is shutting down: new inference requests are refused")
+        if self._gated and not self.manager.server_ready():
+            raise Unavailable(_NOT_READY)
         self._inflight += 1
         try:
             async for response in self.serving.infer_stream(request):
@@ -184,17 +213,88 @@ class InferenceService:
         return self.manager.index(ready_only)
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        check_model_name(name)
-        self._check_control()
-        if not self._accepting:
-            raise Unavailable("Server is shutting down: model load refused")
-        await self.manager.load(name, parameters)
+        """A whole-model load; with the parameter "version" (gRPC's way), that version alone."""
+        if parameters and "version" in parameters:
+            rest = {k: v for k, v in parameters.items() if k != "version"}
+            await self.load_model_version(name, parameters["version"], rest or None)
+            return
+        with self.events.record("load", name):
+            check_model_name(name)
+            self._check_control()
+            if not self._accepting:
+                raise Unavailable("Server is shutting down: model load refused")
+            try:
+                await self.manager.load(name, parameters)
+            finally:
+                await self.control_state_changed()
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        check_model_name(name)
-        self._check_control()
-        dependents = bool((parameters or {}).get("unload_dependents", False))
-        await self.manager.unload(name, dependents)
+        """A whole-model unload; with the parameter "version", that version alone."""
+        params = parameters or {}
+        if "version" in params:
+            if params.get("unload_dependents", False):
+                raise InvalidArgument(
+                    f"failed to unload '{name}': 'unload_dependents' does not apply to the "
+                    "unload of one version"
+                )
+            await self.unload_model_version(name, params["version"])
+            return
+        with self.events.record("unload", name):
+            check_model_name(name)
+            self._check_control()
+            dependents = bool(params.get("unload_dependents", False))
+            try:
+                await self.manager.unload(name, dependents)
+            finally:
+                await self.control_state_changed()
+
+    async def load_model_version(
+        self, name: str, version: Any, parameters: dict[str, Any] | None = None
+    ) -> None:
+        """Load (or refresh) one version beside the serving ones (``repository/versions.py``)."""
+        with self.events.record("load", name, version):
+            check_model_name(name)
+            self._check_control()
+            if not self._accepting:
+                raise Unavailable("Server is shutting down: model load refused")
+            try:
+                await versions.load_version(self.manager, name, version, parameters)
+            finally:
+                await self.control_state_changed()
+
+    async def unload_model_version(self, name: str, version: Any) -> None:
+        """Unload one version; the others keep serving."""
+        with self.events.record("unload", name, version):
+            check_model_name(name)
+            self._check_control()
+            try:
+                await versions.unload_version(self.manager, name, version)
+            finally:
+                await self.control_state_changed()
+
+    def model_traffic(self, name: str) -> dict[str, Any]:
+        """``{"model": m, "weights": {"1": 90, "2": 10}}`` (empty: no split)."""
+        return versions.get_traffic(self.manager, name)
+
+    async def set_model_traffic(self, name: str, doc: Any) -> dict[str, Any]:
+        """Set or clear (``{"weights": {}}``) the split of requests naming no version."""
+        if type(doc) is not dict or "weights" not in doc:
+            raise InvalidArgument(
+                f"traffic of model '{name}': the request must be a JSON object with 'weights', "
+                'e.g. {"weights": {"1": 90, "2": 10}}'
+            )
+        with self.events.record("traffic", name, message=json.dumps(doc["weights"], default=str)):
+            try:
+                return versions.set_traffic(self.manager, name, doc["weights"])
+            finally:
+                await self.control_state_changed()
+
+    async def control_state_changed(self) -> None:
+        """Record the control state (``--model-control-state``) if it changed; not once
+        shutdown has begun (the models are then being unloaded, which is not a change to
+        remember)."""
+        if self.control_state is not None and self._accepting:
+            await self.control_state.save()
 
     # --- system shared memory extension ---------------------------------------
     def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -213,6 +313,27 @@ class InferenceService:
     def update_log_settings(self, doc: Any) -> dict[str, Any]:
         return self.logs.update(doc)
 
+    # --- trace extension ------------------------------------------------------
+    def trace_settings(self, model: str = "") -> list[tuple[str, Any]]:
+        """The trace setting in force for ``model`` ("" = global) as (key, value) pairs (a key
+        may repeat: OpenTelemetry ``resource``)."""
+        self._check_traced_model(model)
+        return self.tracer.settings(model)
+
+    def update_trace_settings(self, model: str, doc: Any) -> list[tuple[str, Any]]:
+        """Apply an update (Triton's wire form: strings, a list for ``trace_level``, None to
+        clear) to the global setting or ``model``'s; answers the new setting."""
+        self._check_traced_model(model)
+        return self.tracer.update(model, doc)
+
+    def _check_traced_model(self, model: str) -> None:
+        if not model:
+            return
+        check_model_name(model)
+        rec = self.manager.records.get(model)
+        if rec is None or not rec.serving:  # Triton's words (and 400) for a model not loaded
+            raise InvalidArgument(f"Request for unknown model : {model}")
+
     # --- statistics -----------------------------------------------------------
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         if not name:
@@ -224,6 +345,8 @@ class InferenceService:
             ]
             return {"model_stats": stats}
         check_model_name(name)
+        if version and not version.isdigit():
+            raise bad_version(name, version)
         try:
             sv = self.serving.get(name, version)
         except ServerError:

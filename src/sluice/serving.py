@@ -32,7 +32,15 @@ from typing import Any
 import numpy as np
 
 from .cache import ResponseCache
-from .errors import Internal, InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from .errors import (
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ServerError,
+    Unavailable,
+    Unsupported,
+    bad_version,
+)
 from .protocol.datatypes import numpy_to_kserve
 from .repository import layout
 from .repository.states import ModelRecord, ServingVersion
@@ -72,9 +80,9 @@ class Serving:
             try:
                 v = int(version)
             except ValueError:
-                raise InvalidArgument(
-                    f"invalid version '{version}' for model '{name}': a version is a number"
-                ) from None
+                raise bad_version(name, version) from None
+            if v < 0:
+                raise bad_version(name, version)
             if rec is not None:
                 sv = rec.serving.get(v)
                 if sv is not None:
@@ -88,6 +96,20 @@ class Serving:
         elif rec is not None and rec.latest is not None:
             return rec.latest
         raise self._not_serving(name)
+
+    def route(self, name: str, version: str) -> ServingVersion:
+        """The version a request goes to: the one it names, else the traffic split's choice
+        (``repository/traffic.py``), else the highest serving version."""
+        if not version:
+            rec = self.records.get(name)
+            if rec is not None:
+                split = rec.split
+                if split is not None:
+                    return split.pick()
+                sv = rec.latest
+                if sv is not None:
+                    return sv
+        return self.get(name, version)
 
     def _not_serving(self, name: str) -> ServerError:
         layout.check_model_name(name)
@@ -119,8 +141,13 @@ class Serving:
         """One request, one response. ``protocol`` names the caller in the refusal of a
         decoupled model (Triton: "HTTP end point doesn't support ..."); ``single`` accepts a
         decoupled model that answers exactly one response."""
+        trace = request.trace
+        if trace is not None and not trace.started:
+            return await self._traced(request, trace, protocol, single)
         arrival = request.arrival_ns or time.monotonic_ns()
-        sv = self.get(request.model_name, request.model_version)
+        sv = self.route(request.model_name, request.model_version)
+        if trace is not None:
+            trace.model_version = sv.spec.version
         if sv.decoupled and not single:  # refused before validation, as Triton
             raise Unsupported(f"{protocol or 'this call'} {DECOUPLED_REFUSED}")
         sv, batch, key = self._admit(request, sv)
@@ -140,6 +167,16 @@ class Serving:
             return await self._cached(sv, request, batch, key, arrival)
         response = await self._submit(sv, request, batch, key, arrival)
         return self._done(sv, request, response, arrival)
+
+    async def _traced(
+        self, request: InferRequest, trace: Any, protocol: str, single: bool
+    ) -> InferResponse:
+        """``infer`` of a sampled request: REQUEST_START before, REQUEST_END after."""
+        trace.start(request.model_name, request.id)
+        try:
+            return await self.infer(request, protocol=protocol, single=single)
+        finally:
+            trace.end()
 
     def _done(
         self, sv: ServingVersion, request: InferRequest, response: InferResponse, arrival: int
@@ -181,10 +218,29 @@ class Serving:
         response.output_datatypes.update(datatypes)
         return self._done(sv, request, response, arrival)
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """0..N responses (decoupled model) or exactly one; the last has ``final`` set."""
+        if request.trace is not None:
+            return self._traced_stream(request, request.trace)
+        return self._infer_stream(request)
+
+    async def _traced_stream(
+        self, request: InferRequest, trace: Any
+    ) -> AsyncIterator[InferResponse]:
+        """``infer_stream`` of a sampled request: REQUEST_START before, REQUEST_END after."""
+        trace.start(request.model_name, request.id)
+        try:
+            async for response in self._infer_stream(request):
+                yield response
+        finally:
+            trace.end()
+
+    async def _infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         arrival = request.arrival_ns or time.monotonic_ns()
-        sv, batch, key = self._admit(request)
+        sv = self.route(request.model_name, request.model_version)
+        if request.trace is not None:
+            request.trace.model_version = sv.spec.version
+        sv, batch, key = self._admit(request, sv)
         if not sv.decoupled:
             response = await self._submit(sv, request, batch, key, arrival)
             yield self._done(sv, request, response, arrival)  # final by default

@@ -51,6 +51,9 @@ class InferRequest:
     # Outputs asked for in system shared memory (the service writes them; encoders send no
     # data for them), set by the codecs
     shm_outputs: frozenset[str] = frozenset()
+    # The request's trace (``tracing.Trace``) when it was sampled; None (the rule) costs the
+    # request path one test per stage
+    trace: Any = None
 
 
 @dataclass(slots=True)

@@ -4,9 +4,8 @@ real server."""
 from __future__ import annotations
 
 import re
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.zoo import identity, sleep_model
+from tests.e2e.helpers import wait_until
+from tests.zoo import identity, sleep_model, write_model
 
 
 def _inp(value: float, proto=httpclient):
@@ -32,6 +32,106 @@ def _stats(srv, model: str) -> dict:
         c.close()
 
 
+def _pending(srv, model: str) -> int:
+    """The server's nv_inference_pending_request_count (queued + executing) for ``model``."""
+    code, body = srv.get("/metrics", port=srv.metrics_port)
+    assert code == 200
+    pat = rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$'
+    m = re.search(pat, body.decode(), re.M)
+    return int(float(m.group(1))) if m else 0
+
+
+def _wait_pending(srv, model: str, n: int) -> None:
+    wait_until(lambda: _pending(srv, model) == n, interval=0.01, what=f"{n} pending on '{model}'")
+
+
+# A python model that sleeps INPUT0 milliseconds and answers [start, end] of its execute()
+# as CLOCK_MONOTONIC nanoseconds (the same clock as the test's time.monotonic_ns()): what the
+# server did, and when, recorded by the server side.
+STAMP_PY = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            start = time.monotonic_ns()
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            time.sleep(float(x.reshape(-1)[0]) / 1000.0)
+            stamps = np.array([start, time.monotonic_ns()], dtype=np.int64)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x),
+                                                   pb_utils.Tensor("STAMPS", stamps)]))
+        return out
+"""
+
+
+def stamp_model(
+    repo: Path, name: str, count: int = 1, max_batch_size: int = 1, extra: str = ""
+) -> Path:
+    """INPUT0 [1] FP32 (ms to sleep) -> OUTPUT0 (the same), STAMPS [2] INT64."""
+    return write_model(
+        repo,
+        name,
+        f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }},
+                 {{ name: "STAMPS", data_type: TYPE_INT64, dims: [ 2 ] }} ]
+        instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
+        {extra}
+        """,
+        STAMP_PY,
+    )
+
+
+def _stamp_inp(ms: float, batched: bool = True, proto=httpclient):
+    shape = [1, 1] if batched else [1]
+    i = proto.InferInput("INPUT0", shape, "FP32")
+    i.set_data_from_numpy(np.full(shape, ms, np.float32))
+    return [i]
+
+
+def _stamps(result) -> tuple[int, int]:
+    start, end = result.as_numpy("STAMPS").reshape(-1).tolist()
+    return int(start), int(end)
+
+
+def _most_at_once(intervals: list[tuple[int, int]]) -> int:
+    """The largest number of [start, end) intervals that overlap at one instant."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    now = most = 0
+    for _, d in events:
+        now += d
+        most = max(most, now)
+    return most
+
+
+class _Async:
+    """Requests sent from threads, one client each (tritonclient.http's async_infer runs on
+    gevent greenlets, which do not send while the test waits on server state)."""
+
+    def __init__(self, srv) -> None:
+        self.srv = srv
+        self.pool = ThreadPoolExecutor(8)
+
+    def async_infer(self, model: str, inputs, **kw) -> Future:
+        def call():
+            c = httpclient.InferenceServerClient(self.srv.http, network_timeout=60)
+            try:
+                return c.infer(model, inputs, **kw)
+            finally:
+                c.close()
+
+        return self.pool.submit(call)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
 def _fire(srv, model: str, n: int, concurrency: int) -> list[float]:
     def one(i: int) -> float:
         c = httpclient.InferenceServerClient(srv.http)
@@ -46,11 +146,8 @@ def _fire(srv, model: str, n: int, concurrency: int) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def batch_server(tmp_path_factory, request):
-    from tests.conftest import ServerProcess
-
-    repo = tmp_path_factory.mktemp("batching") / "repo"
-    repo.mkdir()
+def batch_server(module_repo, module_server):
+    repo = module_repo
     sleep_model(
         repo, "batched", ms=20, extra="dynamic_batching { max_queue_delay_microseconds: 2000 }"
     )
@@ -68,10 +165,7 @@ def batch_server(tmp_path_factory, request):
         extra="""dynamic_batching {
         preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }""",
     )
-    srv = ServerProcess(repo)
-    srv.wait_ready()
-    yield srv
-    srv.stop()
+    return module_server(repo)
 
 
 def test_dynamic_batching_combines_requests(batch_server):
@@ -94,19 +188,23 @@ def test_without_batching_each_request_executes_alone(batch_server):
 def test_lone_request_waits_about_the_queue_delay(batch_server):
     c = httpclient.InferenceServerClient(batch_server.http)
     c.infer("delayed", _inp(1))  # warm
-    t0 = time.monotonic()
+    before = _stats(batch_server, "delayed")["inference_stats"]["queue"]
     c.infer("delayed", _inp(1))
-    elapsed = time.monotonic() - t0
+    after = _stats(batch_server, "delayed")["inference_stats"]["queue"]
     c.close()
-    assert 0.25 <= elapsed < 0.6, elapsed
+    # the server's record: one request, held the 300 ms max_queue_delay for a partner
+    assert after["count"] == before["count"] + 1
+    waited = after["ns"] - before["ns"]
+    assert 0.3e9 <= waited < 3e9, waited
 
 
 def test_preferred_batch_size_runs_at_once(batch_server):
-    t0 = time.monotonic()
     _fire(batch_server, "preferred", 2, 2)
-    assert time.monotonic() - t0 < 1.5  # far below the 3 s queue delay
     st = _stats(batch_server, "preferred")
     assert [b["batch_size"] for b in st["batch_stats"]] == [2]
+    # a batch of the preferred size goes at once: neither request sat out the 3 s delay
+    queue = st["inference_stats"]["queue"]
+    assert queue["count"] == 2 and queue["ns"] < 3e9, queue
 
 
 def test_batch_dimension_above_one_batches_and_splits_exactly(batch_server):
@@ -169,28 +267,26 @@ def test_metrics_equal_statistics_and_carry_triton_names(batch_server):
 def test_instance_count_runs_concurrently(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     repo.mkdir()
-    sleep_model(repo, "one", ms=50, count=1, max_batch_size=0)
-    sleep_model(repo, "four", ms=50, count=4, max_batch_size=0)
-    # max_batch_size 0: dims [1] means requests carry shape [1]
+    stamp_model(repo, "one", count=1, max_batch_size=0)
+    stamp_model(repo, "four", count=4, max_batch_size=0)
     srv = start_server(repo)
 
-    def rate(model: str) -> float:
-        def one(_: int) -> None:
+    def executions(model: str, n: int, ms: float) -> list[tuple[int, int]]:
+        def one(_: int) -> tuple[int, int]:
             c = httpclient.InferenceServerClient(srv.http)
             try:
-                i = httpclient.InferInput("INPUT0", [1], "FP32")
-                i.set_data_from_numpy(np.ones(1, np.float32))
-                c.infer(model, [i])
+                return _stamps(c.infer(model, _stamp_inp(ms, batched=False)))
             finally:
                 c.close()
 
-        t0 = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(one, range(24)))
-        return 24 / (time.monotonic() - t0)
+            return list(pool.map(one, range(n)))
 
-    r1, r4 = rate("one"), rate("four")
-    assert r4 > 2.8 * r1, (r1, r4)
+    # when each execution ran, as the instances recorded it: never two at once on one
+    # instance, four at once on four (8 clients keep all four busy)
+    assert _most_at_once(executions("one", 6, 100)) == 1
+    assert _most_at_once(executions("four", 8, 1000)) == 4
+    assert _stats(srv, "four")["execution_count"] == 8
 
 
 def _queue_repo(tmp_path: Path) -> Path:
@@ -204,191 +300,137 @@ def _queue_repo(tmp_path: Path) -> Path:
         extra="""dynamic_batching {
         default_queue_policy { max_queue_size: 2 } }""",
     )
+    # 2 s executions: the request behind one is surely still queued after the 100 ms timeout
     sleep_model(
         repo,
         "timed",
-        ms=400,
+        ms=2000,
         max_batch_size=1,
         extra="""dynamic_batching {
         default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 100000
                                allow_timeout_override: true } }""",
     )
-    sleep_model(
-        repo,
-        "prio",
-        ms=150,
-        max_batch_size=1,
-        extra="""dynamic_batching {
-        priority_levels: 2 default_priority_level: 2 }""",
+    stamp_model(
+        repo, "prio", extra="dynamic_batching { priority_levels: 2 default_priority_level: 2 }"
     )
     return repo
 
 
 def test_queue_policies_and_priorities(tmp_path: Path, start_server):
     srv = start_server(_queue_repo(tmp_path))
-    client = httpclient.InferenceServerClient(srv.http, concurrency=8)
+    client = httpclient.InferenceServerClient(srv.http)
+    sender = _Async(srv)
 
     # full queue: refused at once with 503 naming the model and the limit
-    busy = [client.async_infer("queued", _inp(i)) for i in range(3)]  # 1 running + 2 queued
-    time.sleep(0.15)
-    t0 = time.monotonic()
+    busy = [sender.async_infer("queued", _inp(i)) for i in range(3)]
+    _wait_pending(srv, "queued", 3)  # 1 running + 2 queued
     with pytest.raises(InferenceServerException) as e:
         client.infer("queued", _inp(9))
-    assert time.monotonic() - t0 < 0.2
     assert e.value.status() == "503"
     assert "queued" in e.value.message() and "max_queue_size 2" in e.value.message()
     for f in busy:
-        f.get_result()
+        f.result()
     g = grpcclient.InferenceServerClient(srv.grpc)
-    busy = [client.async_infer("queued", _inp(i)) for i in range(3)]
-    time.sleep(0.15)
+    busy = [sender.async_infer("queued", _inp(i)) for i in range(3)]
+    _wait_pending(srv, "queued", 3)
     with pytest.raises(InferenceServerException) as e:
         g.infer("queued", _inp(9, grpcclient))
     assert e.value.status() == "StatusCode.UNAVAILABLE"
+    assert "max_queue_size 2" in e.value.message()
     for f in busy:
-        f.get_result()
+        f.result()
+    # the refused requests never reached the model
+    assert _stats(srv, "queued")["inference_count"] == 6
 
-    # queue timeout: the second request waits > 100 ms behind a 400 ms execution -> rejected
-    first = client.async_infer("timed", _inp(1))
-    time.sleep(0.05)
+    # queue timeout: the second request waits > 100 ms behind a 2 s execution -> rejected
+    first = sender.async_infer("timed", _inp(1))
+    _wait_pending(srv, "timed", 1)
     with pytest.raises(InferenceServerException) as e:
         client.infer("timed", _inp(2))
     assert e.value.status() == "503" and "timeout" in e.value.message().lower()
-    first.get_result()
+    first.result()
     # a per-request timeout may only lower it: 10 s asked, 100 ms applies
-    first = client.async_infer("timed", _inp(1))
-    time.sleep(0.05)
-    with pytest.raises(InferenceServerException):
+    first = sender.async_infer("timed", _inp(1))
+    _wait_pending(srv, "timed", 1)
+    with pytest.raises(InferenceServerException) as e:
         client.infer("timed", _inp(2), timeout=10_000_000)
-    first.get_result()
+    assert e.value.status() == "503" and "timeout" in e.value.message().lower()
+    first.result()
+    assert _stats(srv, "timed")["inference_count"] == 2
 
-    # priorities: with the instance busy, level-1 requests run before earlier level-2 ones
-    order: list[float] = []
-    lock = threading.Lock()
-
-    def run(value: float, priority: int) -> None:
-        c = httpclient.InferenceServerClient(srv.http)
-        try:
-            c.infer("prio", _inp(value), priority=priority)
-            with lock:
-                order.append(value)
-        finally:
-            c.close()
-
-    blocker = threading.Thread(target=run, args=(0.0, 0))
-    blocker.start()
-    time.sleep(0.05)
-    threads = []
-    for v, p in ((1.0, 2), (2.0, 2), (3.0, 1), (4.0, 1)):
-        t = threading.Thread(target=run, args=(v, p))
-        t.start()
-        threads.append(t)
-        time.sleep(0.02)
-    for t in [blocker, *threads]:
-        t.join(10)
-    assert order[0] == 0.0
-    assert set(order[1:3]) == {3.0, 4.0}, order
+    # priorities: with the instance busy, level-1 requests run before earlier level-2 ones.
+    # Each request is in the queue (the pending gauge says so) before the next is sent.
+    blocker = sender.async_infer("prio", _stamp_inp(1500))
+    _wait_pending(srv, "prio", 1)
+    queued = []
+    for n, (ms, priority) in enumerate(((11, 2), (12, 2), (13, 1), (14, 1)), start=2):
+        queued.append((ms, sender.async_infer("prio", _stamp_inp(ms), priority=priority)))
+        _wait_pending(srv, "prio", n)
+    blocker_start, _ = _stamps(blocker.result())
+    started = {ms: _stamps(f.result())[0] for ms, f in queued}
+    order = sorted(started, key=started.__getitem__)
+    assert blocker_start < min(started.values())
+    assert set(order[:2]) == {13, 14} and set(order[2:]) == {11, 12}, started
     client.close()
+    sender.close()
     g.close()
 
 
 def test_delay_timeout_action_serves_expired_requests_last(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     repo.mkdir()
-    sleep_model(
+    stamp_model(
         repo,
         "delayq",
-        ms=600,
-        max_batch_size=1,
         extra="""dynamic_batching {
-        default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 400000 } }""",
+        default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 2500000 } }""",
     )
     srv = start_server(repo)
-    order: list[float] = []
-    lock = threading.Lock()
-
-    def run(value: float) -> None:
-        c = httpclient.InferenceServerClient(srv.http, network_timeout=30)
-        try:
-            c.infer("delayq", _inp(value))
-            with lock:
-                order.append(value)
-        finally:
-            c.close()
-
-    threads = []
+    client = _Async(srv)
+    # a 5 s blocker; A queued at once (its 2.5 s timeout passes long before the blocker ends);
+    # B queued 3.5 s in (A has expired, B has not when the instance frees at 5 s)
+    blocker = client.async_infer("delayq", _stamp_inp(5000))
+    _wait_pending(srv, "delayq", 1)
     t0 = time.monotonic()
-    for value, at in ((0.0, 0.0), (1.0, 0.05), (2.0, 0.40)):
-        time.sleep(max(0.0, at - (time.monotonic() - t0)))
-        t = threading.Thread(target=run, args=(value,))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join(15)
-    # 1.0 waited past its 400 ms timeout behind the blocker: DELAY keeps it (no error) but
-    # serves it after 2.0, which was still within its timeout when the instance freed up.
-    assert order == [0.0, 2.0, 1.0], order
-
-
-VARSLEEP_PY = """
-import time
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            time.sleep(float(x.reshape(-1)[0]) / 1000.0)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
-        return out
-"""
+    a = client.async_infer("delayq", _stamp_inp(1))
+    _wait_pending(srv, "delayq", 2)
+    wait_until(lambda: time.monotonic() - t0 >= 3.5, timeout=10, interval=0.05, what="3.5 s")
+    b = client.async_infer("delayq", _stamp_inp(2))
+    _wait_pending(srv, "delayq", 3)
+    _, blocker_end = _stamps(blocker.result())
+    a_start, _ = _stamps(a.result())
+    b_start, _ = _stamps(b.result())
+    # DELAY keeps the expired A (no error) but serves it after B, still within its timeout
+    assert blocker_end <= b_start < a_start, (blocker_end, a_start, b_start)
+    client.close()
 
 
 @pytest.mark.parametrize("preserve", [True, False])
 def test_preserve_ordering_across_instances(tmp_path: Path, start_server, preserve: bool):
-    from tests.zoo import write_model
-
     repo = tmp_path / "repo"
-    write_model(
+    stamp_model(
         repo,
         "varsleep",
-        f"""
-        name: "varsleep"
-        backend: "python"
-        max_batch_size: 1
-        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        instance_group [ {{ count: 2, kind: KIND_CPU }} ]
-        dynamic_batching {{ preserve_ordering: {str(preserve).lower()} }}
-        """,
-        VARSLEEP_PY,
+        count=2,
+        extra=f"dynamic_batching {{ preserve_ordering: {str(preserve).lower()} }}",
     )
     srv = start_server(repo)
-    done: dict[float, float] = {}  # sleep ms -> seconds from the first request to its answer
-    t0 = time.monotonic()
-
-    def run(ms: float) -> None:
-        c = httpclient.InferenceServerClient(srv.http)
-        try:
-            c.infer("varsleep", _inp(ms))
-            done[ms] = time.monotonic() - t0
-        finally:
-            c.close()
-
-    slow = threading.Thread(target=run, args=(600.0,))
-    slow.start()
-    time.sleep(0.1)
-    fast = threading.Thread(target=run, args=(20.0,))
-    fast.start()
-    slow.join(10)
-    fast.join(10)
-    # timings, not the order the two client threads record in: with preserve_ordering the
-    # server sends the held answer right after the slow one, and either thread may wake first
-    if preserve:  # the fast answer is held until the slow one is out
-        assert done[20.0] >= 0.55, done
-    else:  # it goes out as soon as it is ready, long before the slow one
-        assert done[20.0] < done[600.0] - 0.2, done
+    client = _Async(srv)
+    slow = client.async_infer("varsleep", _stamp_inp(3000))
+    _wait_pending(srv, "varsleep", 1)  # the slow one is in before the fast one
+    fast = client.async_infer("varsleep", _stamp_inp(20))
+    fast_start, fast_end = _stamps(fast.result())
+    fast_answered = time.monotonic_ns()
+    slow_start, slow_end = _stamps(slow.result())
+    client.close()
+    # the fast request ran on the other instance while the slow one ran...
+    assert slow_start < fast_start and fast_end < slow_end
+    # ...and its answer was held until the slow one was out (preserve_ordering), or went out
+    # at once, seconds before the slow one ended
+    if preserve:
+        assert fast_answered >= slow_end, (fast_answered, slow_end)
+    else:
+        assert fast_answered < slow_end, (fast_answered, slow_end)
 
 
 def test_instance_kinds_and_several_groups(tmp_path: Path, start_server):

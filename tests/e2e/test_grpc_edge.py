@@ -146,9 +146,13 @@ def test_errors_and_unimplemented_as_on_aio(srv):
         c.infer("missing", _add_sub(0, 0))
     assert grpc_status(e.value) == "StatusCode.NOT_FOUND"
     with pytest.raises(InferenceServerException) as e:
-        c.get_trace_settings()
+        c.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64)
     assert grpc_status(e.value) == "StatusCode.UNIMPLEMENTED"
-    assert "the trace extension is not supported" in e.value.message()
+    assert "CUDA shared memory" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        c.get_trace_settings(model_name="missing")
+    assert grpc_status(e.value) == "StatusCode.INVALID_ARGUMENT"
+    assert "Request for unknown model : missing" in e.value.message()
     c.close()
 
 

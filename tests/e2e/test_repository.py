@@ -86,9 +86,14 @@ def test_non_numeric_and_zero_prefixed_version_dirs_are_ignored_with_warning(rep
     assert code == 200, out
     assert out["model_version"] == "1" and out["outputs"][0]["data"] == [2.0]
     # "/versions/010" means version 10 (not served); "/versions/01" would mean version 1.
-    for bogus in ("010", "10", "abc"):
-        code, _ = infer_fp32(srv, "vdefault", 1.0, version=bogus)
-        assert code in (400, 404)
+    for bogus in ("010", "10"):
+        code, out = infer_fp32(srv, "vdefault", 1.0, version=bogus)
+        assert code == 404, out
+        assert out["error"].startswith(
+            f"Request for unknown model: 'vdefault' version {bogus} is not found"
+        ), out
+    code, out = infer_fp32(srv, "vdefault", 1.0, version="abc")
+    assert (code, out) == (404, {"error": "Not Found"})  # the route does not match, as Triton
     assert {e.get("version") for e in index_entries(srv, "vdefault")} == {"1"}
     log_lines = srv.log().splitlines()
     for bogus in ("010", "01", "abc"):

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.zoo import EXAMPLES
-
-
-def _ports_free(*ports: int) -> bool:
-    for p in ports:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-            except OSError:
-                return False
-    return True
 
 
 def curl(cmd: str) -> subprocess.CompletedProcess[str]:
@@ -33,11 +22,11 @@ def test_seed_curl_sequence_verbatim(tmp_path: Path, start_server):
     assert shutil.which("curl"), "curl is installed by scripts/install-system-deps"
     repo = tmp_path / "model_repo"
     shutil.copytree(EXAMPLES, repo)
-    default_ports = _ports_free(8000, 8001, 8002)
     flags = ["--model-control-mode=explicit", "--load-model=add_sub", "--strict-readiness=true"]
-    srv = start_server(repo, *flags, ports=(8000, 8001, 8002) if default_ports else None)
-    host = "localhost:8000" if default_ports else f"localhost:{srv.http_port}"
-    mhost = "localhost:8002" if default_ports else f"localhost:{srv.metrics_port}"
+    # the seed's ports 8000/8002 become the ones the server bound (port 0: no race, no clash)
+    srv = start_server(repo, *flags)
+    host = f"localhost:{srv.http_port}"
+    mhost = f"localhost:{srv.metrics_port}"
 
     def seed(cmd: str) -> tuple[str, int]:
         r = curl(cmd.replace("localhost:8000", host).replace("localhost:8002", mhost))

@@ -358,7 +358,7 @@ def test_override_with_another_name_blames_the_override(srv):
     )
     assert code == 400, raw
     msg = error_text(raw)
-    assert msg.startswith("unexpected directory name 'pid' for model 'x'"), msg
+    assert msg.startswith("failed to load 'pid': unexpected directory name 'pid' for model 'x'")
     assert "the 'config' parameter of the load" in msg and "config.pbtxt" not in msg
 
 

@@ -27,6 +27,7 @@ from sluice.frontends.grpc_api import start_grpc_server
 from sluice.frontends.grpc_edge import native_edge, start_native_grpc_server
 from sluice.frontends.http_api import HttpFrontend, start_http_server
 from sluice.service import InferenceService
+from sluice.tracing import Tracer
 from sluice.types import InferRequest, InferResponse
 
 
@@ -44,6 +45,7 @@ class ToyService(InferenceService):
         self.loads: list[tuple[str, Any]] = []
         self.unloads: list[tuple[str, Any]] = []
         self.is_ready = True
+        self.tracer = Tracer()  # tracing off: the trace extension answers its settings
 
     def live(self) -> bool:
         return True
@@ -401,13 +403,16 @@ def test_http_routing(servers: Servers) -> None:
     code, body = _raw(servers, "GET", "/v2/models/add_sub/infer")
     assert code == 405 and "error" in body
     assert _raw(servers, "POST", "/v2/health/live", b"")[0] == 405
-    assert _raw(servers, "GET", "/v2/trace/setting")[0] == 501
+    code, body = _raw(servers, "GET", "/v2/trace/setting")
+    assert code == 200 and body["trace_level"] == ["OFF"] and body["trace_rate"] == "1000"
+    assert _raw(servers, "GET", "/v2/trace/settings")[0] == 404
     assert _raw(servers, "GET", "/v2/health/live")[0] == 200
 
 
 def test_grpc_unimplemented(grpc_: Any) -> None:
+    assert grpc_.get_trace_settings(as_json=True)["settings"]["trace_level"] == {"value": ["OFF"]}
     with pytest.raises(InferenceServerException) as e:
-        grpc_.get_trace_settings()
+        grpc_.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64)
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
 
 

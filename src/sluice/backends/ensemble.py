@@ -162,6 +162,8 @@ class EnsembleInstance:
             inputs = {model_in: tensors[t] for model_in, t in step.inputs}
             datatypes = {k: dt for k, v in inputs.items() if (dt := numpy_to_kserve(v.dtype))}
             sub = InferRequest(step.model, step.version, request.id, inputs, datatypes)
+            if request.trace is not None:  # a child trace per composing request, as Triton
+                sub.trace = request.trace.child()
             try:
                 response = await self._infer(sub)
             except ServerError as exc:

@@ -27,13 +27,13 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import Internal, InvalidArgument, NotFound
+from ..errors import Internal, InvalidArgument, NotFound, ServerError
 from ..types import InferRequest
 from .base import ExecuteResult, ModelInstance, ModelSpec, register_backend
 from .batching import concat_inputs, instance_names, responses
 from .onnxruntime import check_tensors
 
-__all__ = ["TensorRTBackend", "TensorRTInstance", "runtime_problem"]
+__all__ = ["TensorRTBackend", "TensorRTInstance", "plan_problem", "runtime_problem"]
 
 _TRT_TYPES = {
     "FLOAT": mc.TYPE_FP32,
@@ -101,6 +101,16 @@ def _deserialize(spec: ModelSpec) -> tuple[Any, Any]:
             "TensorRT version or for another GPU: rebuild the plan for this TensorRT version / GPU"
         )
     return trt, engine
+
+
+def plan_problem(spec: ModelSpec) -> str | None:
+    """Why this machine cannot deserialize the version's plan (the load's own check, for
+    ``sluice repo lint``); None when it can."""
+    try:
+        _deserialize(spec)
+    except ServerError as exc:
+        return str(exc)
+    return None
 
 
 def _engine_graph(trt: Any, engine: Any, name: str) -> dict[str, dict[str, tuple[int, list[int]]]]:

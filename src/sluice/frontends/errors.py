@@ -27,6 +27,8 @@ HTTP_CODES: dict[Status, int] = {
     Status.UNSUPPORTED: 501,
     Status.ALREADY_EXISTS: 400,
     Status.CANCELLED: 400,
+    Status.UNAUTHENTICATED: 401,
+    Status.PERMISSION_DENIED: 403,
 }
 
 GRPC_CODES: dict[Status, grpc.StatusCode] = {
@@ -37,6 +39,8 @@ GRPC_CODES: dict[Status, grpc.StatusCode] = {
     Status.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
     Status.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     Status.CANCELLED: grpc.StatusCode.CANCELLED,
+    Status.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Status.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

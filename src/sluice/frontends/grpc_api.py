@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -29,9 +30,12 @@ from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from ..errors import ServerError, Status, Unsupported
+from ..access import CALLER, AccessDenied, Policy, client_address
+from ..errors import InvalidArgument, ServerError, Status, Unsupported
 from ..protocol import grpc_codec as codec
+from ..protocol import json_body
 from ..service import InferenceService
+from ..tls import TlsFiles
 from ..types import InferRequest, InferResponse
 from .errors import grpc_error
 
@@ -42,20 +46,23 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "SERVICE_NAME",
     "STREAM_METHOD",
+    "OPERATIONS_SERVICE",
     "unary_methods",
+    "operation_methods",
 ]
 
 MAX_MESSAGE_BYTES = 2**31 - 1
 SERVICE_NAME = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"
+# sluice's own methods, beside the standard service: JSON in, JSON out (raw bytes on the wire,
+# no .proto to compile); served by both edges
+OPERATIONS_SERVICE = "sluice.Operations"
 
 _UnaryHandler = Callable[[Any], Awaitable[Message]]
 _T = TypeVar("_T")
 
 _UNSUPPORTED = {
     "CudaSharedMemoryRegister": "CUDA shared memory without a GPU (this server has none)",
-    "CudaSharedMemoryUnregister": "CUDA shared memory without a GPU (this server has none)",
-    "TraceSetting": "the trace extension",
 }
 
 
@@ -89,8 +96,11 @@ class GrpcHandlers:
     """GRPCInferenceService over ``service``, transport-neutral: each unary method takes its
     request message and returns its response message, raising on error."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, policy: Policy | None = None) -> None:
         self.service = service
+        self.tracer = service.tracer  # the trace extension: one test per request when off
+        # restricted protocols, API keys, audit log: checked by the edges; None when none
+        self.policy = policy
 
     # --- health / metadata --------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -122,6 +132,10 @@ class GrpcHandlers:
 
     # --- inference ----------------------------------------------------------
     async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        if self.tracer.on:
+            trace = self.tracer.sample(request.model_name)
+            if trace is not None:
+                return await self._traced(request, None, trace, codec.encode_infer_response)
         req = codec.decode_infer_request(request)
         response = await self.service.infer(req, protocol="ModelInfer RPC")
         return codec.encode_infer_response(response, req)
@@ -133,9 +147,38 @@ class GrpcHandlers:
         ``codec.parse_model_infer`` splits it, the response serialized as parts whose
         concatenation is the ModelInferResponse. Tensors are never copied by protobuf."""
         msg, raws = request
+        if self.tracer.on:
+            trace = self.tracer.sample(msg.model_name)
+            if trace is not None:
+                return await self._traced(msg, raws, trace, codec.encode_infer_response_parts)
         req = codec.decode_infer_request(msg, raws)
         response = await self.service.infer(req, protocol="ModelInfer RPC")
         return codec.encode_infer_response_parts(response, req)
+
+    async def _traced(
+        self,
+        msg: pb.ModelInferRequest,
+        raws: Sequence[bytes | memoryview] | None,
+        trace: Any,
+        encode: Callable[[InferResponse, InferRequest], _T],
+    ) -> _T:
+        """``ModelInfer`` of a sampled request. Either edge has read and parsed the message
+        before a handler runs: GRPC_WAITREAD_START is the handler's start and
+        GRPC_WAITREAD_END follows decoding; GRPC_SEND_END is when the encoded answer is
+        handed to the edge (gRPC's own write is not observed)."""
+        trace.stamp("GRPC_WAITREAD_START")
+        try:
+            req = codec.decode_infer_request(msg, raws)
+            trace.stamp("GRPC_WAITREAD_END")
+            req.trace = trace
+            response = await self.service.infer(req, protocol="ModelInfer RPC")
+            trace.stamp("INFER_RESPONSE_COMPLETE")
+            trace.stamp("GRPC_SEND_START")
+            out = encode(response, req)
+            trace.stamp("GRPC_SEND_END")
+            return out
+        finally:
+            trace.finish()
 
     def stream(
         self, msg: pb.ModelInferRequest
@@ -163,10 +206,20 @@ class GrpcHandlers:
         encode: Callable[[InferResponse, InferRequest], _T],
         error: Callable[[pb.ModelStreamInferResponse], _T],
     ) -> AsyncGenerator[_T, None]:
+        trace = None
         try:
+            if self.tracer.on:
+                trace = self.tracer.sample(msg.model_name)
+                if trace is not None:
+                    trace.stamp("GRPC_WAITREAD_START")
             req = codec.decode_infer_request(msg, raws)
+            if trace is not None:
+                trace.stamp("GRPC_WAITREAD_END")
+                req.trace = trace
             flag = req.parameters.get("triton_enable_empty_final_response", False)
             async for resp in self.service.infer_stream(req):
+                if trace is not None:
+                    trace.stamp("INFER_RESPONSE_COMPLETE")
                 if resp.error is not None:
                     yield error(_stream_error(msg, resp.error))
                     continue
@@ -174,9 +227,18 @@ class GrpcHandlers:
                     resp.parameters["triton_final_response"] = resp.final
                 elif resp.final and not resp.outputs and not resp.parameters:
                     continue  # the empty final response of a decoupled model
-                yield encode(resp, req)
+                if trace is None:
+                    yield encode(resp, req)
+                else:
+                    trace.stamp("GRPC_SEND_START")
+                    out = encode(resp, req)
+                    trace.stamp("GRPC_SEND_END")
+                    yield out
         except Exception as exc:
             yield error(_stream_error(msg, exc))
+        finally:
+            if trace is not None:
+                trace.finish()
 
     # --- shared memory --------------------------------------------------------
     async def SystemSharedMemoryStatus(
@@ -204,6 +266,13 @@ class GrpcHandlers:
     ) -> pb.CudaSharedMemoryStatusResponse:
         return pb.CudaSharedMemoryStatusResponse()  # no regions: there is no GPU
 
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        # nothing to unregister without a GPU: OK, as Triton answers (clients and Triton's own
+        # examples unregister all CUDA regions before they start)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # --- logging --------------------------------------------------------------
     async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
         if request.settings:
@@ -223,6 +292,27 @@ class GrpcHandlers:
                 field.uint32_param = v
             else:
                 field.string_param = str(v)
+        return out
+
+    # --- trace extension ------------------------------------------------------
+    async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        """Read (no settings) or update the global setting or ``model_name``'s. Each setting is
+        a list of strings: the level as given, the others their first value; an empty list
+        clears the setting (tritonclient's ``None``)."""
+        if request.settings:
+            doc: dict[str, Any] = {}
+            for key, setting in request.settings.items():
+                values = list(setting.value)
+                if not values:
+                    doc[key] = None
+                else:
+                    doc[key] = values if key == "trace_level" else values[0]
+            pairs = self.service.update_trace_settings(request.model_name, doc)
+        else:
+            pairs = self.service.trace_settings(request.model_name)
+        out = pb.TraceSettingResponse()
+        for key, v in pairs:
+            out.settings[key].value.extend(v if isinstance(v, list) else [v])
         return out
 
     # --- repository ---------------------------------------------------------
@@ -247,6 +337,22 @@ class GrpcHandlers:
         await self.service.unload_model(request.model_name, params)
         return pb.RepositoryModelUnloadResponse()
 
+    # --- sluice.Operations (JSON bodies) ------------------------------------
+    async def ModelTraffic(self, body: bytes) -> bytes:
+        """``{"model": m}`` -> the model's split; ``{"model": m, "weights": {...}}`` sets it
+        (``{}`` clears). Answers ``{"model": m, "weights": {"1": 90, "2": 10}}``."""
+        doc = json_body.loads(body, "ModelTraffic request") if body else {}
+        if type(doc) is not dict or type(doc.get("model")) is not str:
+            raise InvalidArgument(
+                "the ModelTraffic request must be a JSON object with a string 'model' (and "
+                "'weights' to set the split)"
+            )
+        if "weights" in doc:
+            out = await self.service.set_model_traffic(doc["model"], doc)
+        else:
+            out = self.service.model_traffic(doc["model"])
+        return json.dumps(out).encode()
+
     # --- not implemented: UNIMPLEMENTED, by name ----------------------------
     def unsupported(self, name: str) -> _UnaryHandler:
         what = _UNSUPPORTED[name]
@@ -268,7 +374,18 @@ def unary_methods(handlers: GrpcHandlers) -> dict[str, tuple[type[Message], _Una
             out[method.name] = (request_cls, handlers.unsupported(method.name))
         else:
             out[method.name] = (request_cls, getattr(handlers, method.name))
+    policy = handlers.policy
+    if policy is not None and policy.audit is not None:  # control actions are recorded
+        return {n: (cls, policy.audited(n, h)) for n, (cls, h) in out.items()}
     return out
+
+
+def operation_methods(handlers: GrpcHandlers) -> dict[str, Callable[[bytes], Awaitable[bytes]]]:
+    """The methods of ``OPERATIONS_SERVICE`` by name: raw request bytes in, bytes out."""
+    policy = handlers.policy
+    if policy is not None and policy.audit is not None:
+        return {"ModelTraffic": policy.audited("ModelTraffic", handlers.ModelTraffic)}
+    return {"ModelTraffic": handlers.ModelTraffic}
 
 
 _END = object()
@@ -312,11 +429,33 @@ async def stream_responses(
             task.cancel()
 
 
-def _aio_unary(name: str, handler: _UnaryHandler) -> Callable[..., Awaitable[Message]]:
+def _aio_admit(
+    policy: Policy, name: str, context: grpc.aio.ServicerContext, request: Any = None
+) -> None:
+    """A call under a Policy on the aio edge: checked by its guard (AccessDenied raised, a
+    refused control action recorded), its caller (key name, address) set for the audit log."""
+    key = ""
+    client = client_address(context.peer())
+    if policy.guard is not None:
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        try:
+            key = policy.guard.check_grpc(name, metadata)
+        except AccessDenied as exc:
+            if request is not None:
+                policy.record_denied(name, request, client, exc)
+            raise
+    CALLER.set((key, client))
+
+
+def _aio_unary(
+    name: str, handler: _UnaryHandler, policy: Policy | None = None
+) -> Callable[..., Awaitable[Message]]:
     """The aio edge's error mapping, once: any exception -> ``grpc_error`` -> abort."""
 
     async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
         try:
+            if policy is not None:
+                _aio_admit(policy, name, context, request)
             return await handler(request)
         except Exception as exc:
             code, message = grpc_error(exc, name)
@@ -327,19 +466,45 @@ def _aio_unary(name: str, handler: _UnaryHandler) -> Callable[..., Awaitable[Mes
     return method
 
 
+def _aio_bytes(
+    name: str, handler: Callable[[bytes], Awaitable[bytes]], policy: Policy | None = None
+) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    """An ``OPERATIONS_SERVICE`` method on the aio edge (no (de)serializers: bytes as sent)."""
+
+    async def method(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            if policy is not None:
+                _aio_admit(policy, name, context, request)
+            return await handler(request)
+        except Exception as exc:
+            code, message = grpc_error(exc, name)
+            await context.abort(code, message)
+            raise  # unreachable: abort raises
+
+    return method
+
+
 class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
     """The ``grpc.aio`` servicer: every method delegates to ``GrpcHandlers``."""
 
     def __init__(self, service: InferenceService, handlers: GrpcHandlers | None = None) -> None:
         self.service = service
         self.handlers = handlers or GrpcHandlers(service)
+        policy = self.handlers.policy
         for name, (_, handler) in unary_methods(self.handlers).items():
-            setattr(self, name, _aio_unary(name, handler).__get__(self))
+            setattr(self, name, _aio_unary(name, handler, policy).__get__(self))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         # an async generator function itself: grpc.aio checks for one
+        policy = self.handlers.policy
+        if policy is not None:
+            try:
+                _aio_admit(policy, STREAM_METHOD, context)
+            except AccessDenied as exc:
+                code, message = grpc_error(exc, STREAM_METHOD)
+                await context.abort(code, message)
         async with contextlib.aclosing(stream_responses(self.handlers, request_iterator)) as it:
             async for response in it:
                 yield response
@@ -353,12 +518,15 @@ async def start_grpc_server(
     reuse_port: bool = False,
     options: list[tuple[str, Any]] | None = None,
     handlers: GrpcHandlers | None = None,
+    tls: TlsFiles | None = None,
+    policy: Policy | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Create, bind and start a grpc.aio server for ``service``; returns ``(server,
     bound_port)`` (port 0 = any free port). Message limits are raised to 2 GiB - 1 so large
     tensors work. ``reuse_port`` turns on SO_REUSEPORT (several serving processes on one
     port); off by default so a port clash is an error. ``options`` are channel arguments
-    (keepalive, connection age, ...). Stop with ``await server.stop(grace)``.
+    (keepalive, connection age, ...); ``tls`` the server's certificate (plain when None);
+    ``policy`` what is checked and recorded. Stop with ``await server.stop(grace)``.
     """
     opts: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -368,10 +536,33 @@ async def start_grpc_server(
     if options:
         opts.extend(options)
     server = grpc.aio.server(options=opts)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcFrontend(service, handlers), server)
+    frontend = GrpcFrontend(service, handlers or GrpcHandlers(service, policy))
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                OPERATIONS_SERVICE,
+                {
+                    name: grpc.unary_unary_rpc_method_handler(
+                        _aio_bytes(name, handler, frontend.handlers.policy)
+                    )
+                    for name, handler in operation_methods(frontend.handlers).items()
+                },
+            ),
+        )
+    )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            key, cert, root, mutual = tls.pems()
+            creds = grpc.ssl_server_credentials(
+                [(key.encode(), cert.encode())],
+                root_certificates=root.encode() if root else None,
+                require_client_auth=mutual,
+            )
+            bound = server.add_secure_port(address, creds)
     except RuntimeError as exc:
         raise ServerError(f"cannot bind gRPC to {address}: {exc}", Status.UNAVAILABLE) from exc
     if bound == 0:

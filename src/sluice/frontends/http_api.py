@@ -33,7 +33,10 @@ from urllib.parse import unquote
 
 import uvicorn
 
-from ..errors import InvalidArgument, ServerError, Status, Unsupported
+from ..access import AccessDenied, Policy, http_group
+from ..audit import http_action
+from ..errors import InvalidArgument, ServerError, Status
+from ..protocol import json_body
 from ..protocol.generate_codec import (
     decode_generate_request,
     encode_generate_response,
@@ -43,7 +46,9 @@ from ..protocol.http_codec import decode_infer_request, encode_infer_response
 from ..repository.model_config import config_to_json_dict
 from ..service import InferenceService
 from ..types import InferResponse
+from .dashboard_page import dashboard_route
 from .errors import http_error
+from .http_limits import DEFAULT_MAX_INPUT_SIZE, BodyTooLarge, limit_body
 
 __all__ = ["HttpFrontend", "make_http_server", "start_http_server"]
 
@@ -58,9 +63,6 @@ _OK_EMPTY: Result = (200, b"", [])
 _NOT_READY: Result = (400, b"", [])  # server not live/ready: a bare 400, as Triton
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
-# Triton extensions this server answers with 501 rather than 404.
-_UNSUPPORTED_ROOTS = {b"trace"}
-_UNSUPPORTED_MODEL_ACTIONS = {b"trace"}
 _SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -107,6 +109,13 @@ def _json(obj: Any, status: int = 200) -> Result:
     return status, _json_dumps(obj).encode(), _CT_JSON
 
 
+def _pairs(pairs: list[tuple[str, Any]]) -> Result:
+    """A JSON object from (key, value) pairs, keys in order and repeated as given (Triton's
+    trace setting repeats ``resource``)."""
+    body = ",".join(f"{_json_dumps(k)}:{_json_dumps(v)}" for k, v in pairs)
+    return 200, f"{{{body}}}".encode(), _CT_JSON
+
+
 def _error(status: int, message: str) -> Result:
     return status, _json_dumps({"error": message}).encode(), _CT_JSON
 
@@ -142,20 +151,33 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def _decompress(body: bytes, encoding: bytes) -> bytes:
+class _UnsupportedEncoding(Exception):
+    """A Content-Encoding other than gzip, deflate, identity: 415 (Triton answers 501)."""
+
+
+def _decompress(body: bytes, encoding: bytes, limit: int = 0) -> bytes:
+    """The body decoded; no more than ``limit`` bytes once inflated (0 = no limit)."""
     enc = encoding.strip().lower()
+    if enc in (b"", b"identity"):
+        return body
+    if enc not in (b"gzip", b"deflate"):
+        raise _UnsupportedEncoding(
+            f"unsupported Content-Encoding {encoding.decode('latin-1')!r}: this server "
+            "accepts gzip, deflate and identity"
+        )
+    # gzip: a gzip header (wbits 16+15); deflate: the zlib format, as Triton reads it
+    inflater = zlib.decompressobj(31 if enc == b"gzip" else 15)
     try:
-        if enc == b"gzip":
-            return gzip.decompress(body)
-        if enc == b"deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error, EOFError) as exc:
+        out = inflater.decompress(body, limit + 1) if limit else inflater.decompress(body)
+        if limit and len(out) > limit:
+            raise BodyTooLarge(None, limit)
+        if not inflater.eof:
+            raise zlib.error("the compressed data ends early")
+    except zlib.error as exc:
         raise InvalidArgument(
             f"failed to decompress the {enc.decode()} request body: {exc}"
         ) from None
-    if enc in (b"", b"identity"):
-        return body
-    raise Unsupported(f"unsupported Content-Encoding {encoding.decode('latin-1')!r}")
+    return out
 
 
 def _accepted_encoding(accept: bytes) -> bytes | None:
@@ -171,10 +193,7 @@ def _json_body(body: bytes, what: str) -> dict[str, Any]:
     """Optional JSON-object body of a control request ({} when empty)."""
     if not body.strip():
         return {}
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"failed to parse the {what} request JSON: {exc}") from None
+    doc = json_body.loads(body, f"{what} request")
     if type(doc) is not dict:
         raise InvalidArgument(f"the {what} request JSON must be an object")
     return doc
@@ -193,17 +212,34 @@ def _params(doc: dict[str, Any], what: str) -> dict[str, Any]:
 class HttpFrontend:
     """ASGI application serving the KServe v2 / Triton HTTP API over ``service``."""
 
-    __slots__ = ("service",)
+    __slots__ = ("service", "tracer", "policy", "max_input_size")
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        policy: Policy | None = None,
+        *,
+        max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    ) -> None:
         self.service = service
+        # --http-max-input-size: the most bytes a request body may hold (0 = no limit)
+        self.max_input_size = max_input_size
+        self.tracer = service.tracer  # the trace extension: one test per request when off
+        # restricted APIs, API keys, audit log (access.Policy): one test per request when none
+        self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1003})
             return
+        if self.policy is not None and "sluice.key" not in scope:
+            await self._policed(self.policy, scope, receive, send)
+            return
+        trace = None
         try:
+            if self.max_input_size:
+                receive = limit_body(scope, receive, self.max_input_size)
             raw: bytes = scope.get("raw_path") or scope["path"].encode()
             parts = raw.split(b"/")
             n = len(parts)
@@ -216,12 +252,19 @@ class HttpFrontend:
                 and parts[0] == b""
                 and scope["method"] == "POST"
             ):
+                model = _seg(parts[3])
+                if self.tracer.on:
+                    trace = self.tracer.sample(model)
+                    if trace is not None:
+                        trace.stamp("HTTP_RECV_START")
                 status, body, headers = await self._infer(
-                    scope, receive, _seg(parts[3]), _seg(parts[5]) if n == 7 else ""
+                    scope, receive, model, _seg(parts[5]) if n == 7 else "", trace
                 )
             else:
                 status, body, headers = await self._dispatch(scope, receive, parts)
         except _Disconnected:
+            if trace is not None:
+                trace.finish()
             return
         except _Stream as stream:
             await self._send_events(send, stream.events)
@@ -231,9 +274,17 @@ class HttpFrontend:
                 405, f"method {scope['method']} is not allowed on {scope['path']}"
             )
             headers = [*headers, (b"allow", exc.allowed.encode())]
+        except BodyTooLarge as exc:  # the rest of the body is not read: close after answering
+            status, body, headers = _error(413, str(exc))
+            headers = [*headers, (b"connection", b"close")]
+        except _UnsupportedEncoding as exc:
+            status, body, headers = _error(415, str(exc))
         except Exception as exc:  # mapped once, here
             code, message = http_error(exc, f"{scope['method']} {scope['path']}")
             status, body, headers = _error(code, message)
+        if trace is not None:
+            await self._send_traced(send, status, body, headers, trace)
+            return
         await send(
             {
                 "type": "http.response.start",
@@ -242,6 +293,97 @@ class HttpFrontend:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    async def _policed(self, policy: Policy, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request checked by ``policy.guard`` (answered here when refused), then served
+        as usual; a control action is written to the audit log with its outcome."""
+        raw: bytes = scope.get("raw_path") or scope["path"].encode()
+        parts = raw.split(b"/")
+        client = scope.get("client")
+        address = f"{client[0]}:{client[1]}" if client else ""
+        key = ""
+        if policy.guard is not None:
+            headers: dict[str, str] = {}
+            for k, v in scope["headers"]:
+                headers[k.decode("latin-1")] = v.decode("latin-1")
+            try:
+                key = policy.guard.check_http(http_group(parts), headers.get)
+            except AccessDenied as exc:
+                action = http_action(scope["method"], parts) if policy.audit else None
+                if policy.audit is not None and action is not None:
+                    policy.audit.write(
+                        key="",
+                        client=address,
+                        protocol="http",
+                        action=action[0],
+                        outcome=f"denied: {exc}",
+                        **action[1],
+                    )
+                status, body, extra = _error(exc.http_status, exc.message)
+                if exc.http_status == 401:
+                    extra = [*extra, (b"www-authenticate", b"Bearer")]
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": status,
+                        "headers": [*extra, (b"content-length", str(len(body)).encode())],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        scope["sluice.key"] = key
+        audit = policy.audit
+        action = http_action(scope["method"], parts) if audit is not None else None
+        if audit is None or action is None:
+            await self(scope, receive, send)
+            return
+        answer: dict[str, Any] = {"status": 500, "body": b""}
+
+        async def recording_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+            elif message["type"] == "http.response.body" and answer["status"] >= 400:
+                answer["body"] += message.get("body", b"")
+            await send(message)
+
+        try:
+            await self(scope, receive, recording_send)
+        finally:
+            code = answer["status"]
+            result = "ok"
+            if code >= 400:
+                try:
+                    text = json.loads(answer["body"])["error"]
+                except (ValueError, KeyError, TypeError):
+                    text = f"HTTP {code}"
+                result = f"error: {text}"
+            audit.write(
+                key=key,
+                client=address,
+                protocol="http",
+                action=action[0],
+                outcome=result,
+                **action[1],
+            )
+
+    @staticmethod
+    async def _send_traced(
+        send: Send, status: int, body: bytes, headers: Headers, trace: Any
+    ) -> None:
+        """The answer to a sampled request, between HTTP_SEND_START and HTTP_SEND_END."""
+        trace.stamp("HTTP_SEND_START")
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [*headers, (b"content-length", str(len(body)).encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            trace.stamp("HTTP_SEND_END")
+        finally:
+            trace.finish()
 
     @staticmethod
     async def _send_events(send: Send, events: AsyncIterator[bytes]) -> None:
@@ -274,6 +416,9 @@ class HttpFrontend:
             parts.pop()
             n -= 1
         method: str = scope["method"]
+        if n in (2, 3) and parts[1] == b"dashboard" and parts[0] == b"":
+            _only(method, "GET")  # the operator's page and its data (dashboard_page.py)
+            return dashboard_route(self.service, parts)
         if n < 2 or parts[0] != b"" or parts[1] != b"v2":
             return _error(404, f"no route for {scope['path']}")
         if parts[-1] == b"infer" and n in (5, 7) and parts[2] == b"models":
@@ -319,11 +464,16 @@ class HttpFrontend:
                     doc = _json_body(await _read_body(receive), "unload")
                     await self.service.unload_model(name, _params(doc, "unload") or None)
                 return _OK_EMPTY
+            if n in (6, 8) and parts[3] == b"models":
+                return await self._version_control(receive, parts, n, method, scope)
         elif head == b"systemsharedmemory":
             return await self._system_shm(receive, parts, method, scope)
         elif head == b"cudasharedmemory":
             if parts[-1] == b"status" and method == "GET":
                 return _json([])  # no regions (as a Triton without GPUs answers)
+            if parts[-1] == b"unregister" and method == "POST":
+                await _read_body(receive)
+                return _OK_EMPTY  # nothing to unregister: OK, as Triton without GPUs answers
             return _error(
                 501,
                 "CUDA shared memory is not supported without a GPU: this server has none (use "
@@ -335,8 +485,33 @@ class HttpFrontend:
                 return _json(self.service.log_settings())
             doc = _json_body(await _read_body(receive), "logging")
             return _json(self.service.update_log_settings(doc))
-        elif head in _UNSUPPORTED_ROOTS:
-            return _error(501, f"the {head.decode()} extension is not supported by this server")
+        elif head == b"trace" and n == 4 and parts[3] == b"setting":
+            return await self._trace_setting(receive, method, "")
+        return _error(404, f"no route for {scope['path']}")
+
+    async def _version_control(
+        self, receive: Receive, parts: list[bytes], n: int, method: str, scope: Scope
+    ) -> Result:
+        # /v2/repository/models/<m>/traffic, /v2/repository/models/<m>/versions/<v>/(un)load
+        name = _seg(parts[4])
+        if n == 6 and parts[5] == b"traffic":
+            _only(method, "GET", "POST")
+            if method == "GET":
+                return _json(self.service.model_traffic(name))
+            doc = _json_body(await _read_body(receive), "traffic")
+            return _json(await self.service.set_model_traffic(name, doc))
+        if n == 8 and parts[5] == b"versions" and parts[7] in (b"load", b"unload"):
+            _only(method, "POST")
+            version = _seg(parts[6])
+            if parts[7] == b"load":
+                doc = _json_body(await _read_body(receive), "load")
+                params = _load_params(_params(doc, "load"))
+                await self.service.load_model_version(name, version, params)
+            else:
+                doc = _json_body(await _read_body(receive), "unload")
+                params = _params(doc, "unload")
+                await self.service.unload_model(name, {**params, "version": version})
+            return _OK_EMPTY
         return _error(404, f"no route for {scope['path']}")
 
     async def _system_shm(
@@ -399,14 +574,24 @@ class HttpFrontend:
             if action in (b"generate", b"generate_stream"):
                 _only(method, "POST")
                 return await self._generate(receive, name, version, action != b"generate")
-            if action in _UNSUPPORTED_MODEL_ACTIONS:
-                return _error(
-                    501, f"the {action.decode()} extension is not supported by this server"
-                )
+        elif rest == [b"trace", b"setting"] and not version:
+            return await self._trace_setting(receive, method, name)
         return _error(404, f"no route for {scope['path']}")
 
-    async def _infer(self, scope: Scope, receive: Receive, model: str, version: str) -> Result:
+    async def _trace_setting(self, receive: Receive, method: str, model: str) -> Result:
+        # /v2/trace/setting, /v2/models/<m>/trace/setting (the trace extension)
+        _only(method, "GET", "POST")
+        if method == "GET":
+            return _pairs(self.service.trace_settings(model))
+        doc = _json_body(await _read_body(receive), "trace setting")
+        return _pairs(self.service.update_trace_settings(model, doc))
+
+    async def _infer(
+        self, scope: Scope, receive: Receive, model: str, version: str, trace: Any = None
+    ) -> Result:
         body = await _read_body(receive)
+        if trace is not None:
+            trace.stamp("HTTP_RECV_END")
         header_length: int | None = None
         accept: bytes | None = None
         for key, value in scope["headers"]:
@@ -418,11 +603,15 @@ class HttpFrontend:
                         f"Inference-Header-Content-Length must be an integer, got {value!r}"
                     ) from None
             elif key == b"content-encoding":
-                body = _decompress(body, value)
+                body = _decompress(body, value, self.max_input_size)
             elif key == b"accept-encoding":
                 accept = value
         request = decode_infer_request(body, model, version, header_length)
+        if trace is not None:
+            request.trace = trace
         response = await self.service.infer(request, protocol="HTTP end point")
+        if trace is not None:
+            trace.stamp("INFER_RESPONSE_COMPLETE")
         out, headers = encode_infer_response(response, request)
         if accept is not None:
             enc = _accepted_encoding(accept)

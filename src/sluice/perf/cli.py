@@ -18,10 +18,17 @@ from .runner import LevelResult, MeasureOptions, Runner, sweep
 from .stats import WindowStats
 from .workload import InputOptions, PerfError, Target, build_inputs, encode_payloads, fetch_model
 
-__all__ = ["add_perf_flags", "run_perf", "main"]
+__all__ = [
+    "add_perf_flags",
+    "add_measurement_flags",
+    "measure_options",
+    "parse_range",
+    "run_perf",
+    "main",
+]
 
 
-def _range(text: str) -> tuple[float, float, float | None]:
+def parse_range(text: str) -> tuple[float, float, float | None]:
     parts = text.split(":")
     if not 1 <= len(parts) <= 3:
         raise argparse.ArgumentTypeError(f"expected start[:end[:step]], got '{text}'")
@@ -56,11 +63,53 @@ def add_perf_flags(p: argparse.ArgumentParser) -> None:
         "-u", "--url", default=None, help="host:port (default localhost:8000, or :8001 for grpc)"
     )
     p.add_argument("-i", "--protocol", default="http", type=str.lower, choices=["http", "grpc"])
-    p.add_argument("-b", "--batch-size", type=int, default=1)
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency-range", type=_range, default=None, metavar="START:END:STEP")
-    load.add_argument("--request-rate-range", type=_range, default=None, metavar="START:END:STEP")
+    load.add_argument(
+        "--concurrency-range", type=parse_range, default=None, metavar="START:END:STEP"
+    )
+    load.add_argument(
+        "--request-rate-range", type=parse_range, default=None, metavar="START:END:STEP"
+    )
     p.add_argument("--request-distribution", choices=["constant", "poisson"], default="constant")
+    add_measurement_flags(p)
+    p.add_argument("-l", "--latency-threshold", type=float, default=0.0, metavar="MS")
+    p.add_argument("--binary-search", action="store_true")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("-a", "--async", dest="use_async", action="store_true")
+    mode.add_argument("--sync", dest="use_sync", action="store_true")
+    p.add_argument("-f", "--latency-report-file", dest="csv", default=None, metavar="FILE.csv")
+    p.add_argument("--verbose-csv", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--max-threads", type=int, default=None, help="accepted for compatibility")
+    p.add_argument("--service-kind", default="triton", choices=["triton"])
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="sent as 'Authorization: Bearer KEY' (default $SLUICE_API_KEY)",
+    )
+    # sluice's own
+    p.add_argument(
+        "--knee-threshold",
+        type=float,
+        default=DEFAULT_KNEE_THRESHOLD * 100,
+        metavar="PCT",
+        help="knee: throughput grows less than this %% per step (default 5)",
+    )
+    p.add_argument(
+        "--latency-budget-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="also report the highest-throughput level whose p99 stays within MS",
+    )
+    p.add_argument("--plot", action="append", default=[], metavar="FILE.png|.svg|.html")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def add_measurement_flags(p: argparse.ArgumentParser) -> None:
+    """What a request carries and how a level is measured: the flags ``sluice tune`` shares."""
+    p.add_argument("-b", "--batch-size", type=int, default=1)
     p.add_argument(
         "--input-data",
         action="append",
@@ -78,39 +127,13 @@ def add_perf_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-s", "--stability-percentage", type=float, default=10.0)
     p.add_argument("-r", "--max-trials", type=int, default=10)
     p.add_argument("--percentile", type=float, default=-1, help="pN latency for stability and -l")
-    p.add_argument("-l", "--latency-threshold", type=float, default=0.0, metavar="MS")
-    p.add_argument("--binary-search", action="store_true")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("-a", "--async", dest="use_async", action="store_true")
-    mode.add_argument("--sync", dest="use_sync", action="store_true")
-    p.add_argument("-f", "--latency-report-file", dest="csv", default=None, metavar="FILE.csv")
-    p.add_argument("--verbose-csv", action="store_true")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--max-threads", type=int, default=None, help="accepted for compatibility")
-    p.add_argument("--service-kind", default="triton", choices=["triton"])
-    # sluice's own
-    p.add_argument(
-        "--knee-threshold",
-        type=float,
-        default=DEFAULT_KNEE_THRESHOLD * 100,
-        metavar="PCT",
-        help="knee: throughput grows less than this %% per step (default 5)",
-    )
-    p.add_argument(
-        "--latency-budget-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help="also report the highest-throughput level whose p99 stays within MS",
-    )
-    p.add_argument("--plot", action="append", default=[], metavar="FILE.png|.svg|.html")
     p.add_argument(
         "--workers", type=int, default=0, help="load-generator processes (default: automatic)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _options(ns: argparse.Namespace) -> tuple[MeasureOptions, InputOptions]:
+def measure_options(ns: argparse.Namespace) -> tuple[MeasureOptions, InputOptions]:
+    """The runner's and the workload's options from parsed flags (PerfError when invalid)."""
     if ns.request_rate_range is not None:
         mode, (start, end, step) = "rate", ns.request_rate_range
         step = step if step is not None else 1.0
@@ -210,8 +233,10 @@ def run_perf(ns: argparse.Namespace) -> int:
     from . import report
 
     try:
-        mo, io = _options(ns)
-        target = Target.parse(ns.url, ns.protocol)
+        mo, io = measure_options(ns)
+        from ..ops.client import api_key_option
+
+        target = Target.parse(ns.url, ns.protocol, api_key_option(ns.api_key))
         model = fetch_model(target, ns.model, ns.version)
         payloads = encode_payloads(target, model, build_inputs(model, io))
     except PerfError as e:

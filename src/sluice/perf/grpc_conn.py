@@ -78,9 +78,10 @@ class _Call:
         self.body: bytearray | None = None
 
 
-def request_headers(authority: str) -> bytes:
+def request_headers(authority: str, api_key: str = "") -> bytes:
     """The request's HPACK block: fields are static-table hits or never-indexed literals, so the
-    same bytes are valid on every stream whatever the encoder's dynamic table holds."""
+    same bytes are valid on every stream whatever the encoder's dynamic table holds. An API key
+    is sent as ``authorization: Bearer <key>``."""
     fields = [
         (b":method", b"POST", False),
         (b":scheme", b"http", False),
@@ -90,6 +91,8 @@ def request_headers(authority: str) -> bytes:
         (b"te", b"trailers", True),
         (b"user-agent", b"sluice-perf", True),
     ]
+    if api_key:
+        fields.append((b"authorization", f"Bearer {api_key}".encode(), True))
     return bytes(hpack.Encoder().encode(fields, huffman=False))
 
 

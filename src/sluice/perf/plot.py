@@ -15,19 +15,14 @@ from pathlib import Path
 from .report import Analysis
 from .runner import MeasureOptions
 
-__all__ = ["write_plot", "PLOT_SIZE_PX"]
+__all__ = ["write_plot", "new_figure", "save_figure", "PLOT_SIZE_PX"]
 
 PLOT_SIZE_PX = (1200, 900)  # width, height of a PNG
 _DPI = 100
 
 
 def _figure(a: Analysis, o: MeasureOptions, budget_ms: float | None, title: str):  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(PLOT_SIZE_PX[0] / _DPI, PLOT_SIZE_PX[1] / _DPI), dpi=_DPI)
+    fig = new_figure()
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     x = [r.level for r in a.ordered]
     thr = [r.stats.throughput for r in a.ordered]
@@ -64,10 +59,25 @@ def _figure(a: Analysis, o: MeasureOptions, budget_ms: float | None, title: str)
     return fig
 
 
+def new_figure():  # type: ignore[no-untyped-def]
+    """An empty PLOT_SIZE_PX matplotlib Figure (Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(PLOT_SIZE_PX[0] / _DPI, PLOT_SIZE_PX[1] / _DPI), dpi=_DPI)
+    return fig
+
+
 def write_plot(
     path: str, a: Analysis, o: MeasureOptions, budget_ms: float | None = None, title: str = ""
 ) -> None:
-    fig = _figure(a, o, budget_ms, title)
+    save_figure(_figure(a, o, budget_ms, title), path, title)
+
+
+def save_figure(fig, path: str, title: str = "") -> None:  # type: ignore[no-untyped-def]
+    """PNG/SVG by the suffix; ``.html``: one page with the PNG inlined."""
     out = Path(path)
     if out.suffix.lower() in (".html", ".htm"):
         buf = io.BytesIO()

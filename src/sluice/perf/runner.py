@@ -121,7 +121,7 @@ class _StatsClient:
                     self.http = http.client.HTTPConnection(
                         self.target.host, self.target.port, timeout=30
                     )
-                self.http.request("GET", path + "/stats")
+                self.http.request("GET", path + "/stats", headers=self.target.http_headers())
                 resp = self.http.getresponse()
                 doc = json.loads(resp.read())
             else:
@@ -136,6 +136,7 @@ class _StatsClient:
                 msg = self.stub.ModelStatistics(
                     pb.ModelStatisticsRequest(name=self.model.name, version=self.model.version),
                     timeout=30,
+                    metadata=self.target.grpc_metadata(),
                 )
                 doc = json_format.MessageToDict(msg, preserving_proto_field_name=True)
         except Exception:  # statistics are a bonus: a failure drops the server block
@@ -184,7 +185,12 @@ class Runner:
         for i in range(self.n_workers):
             parent, child = ctx.Pipe()
             cfg = WorkerConfig(
-                self.target.protocol, self.target.host, self.target.port, tuple(self.payloads), i
+                self.target.protocol,
+                self.target.host,
+                self.target.port,
+                tuple(self.payloads),
+                i,
+                self.target.api_key,
             )
             p = ctx.Process(
                 target=worker_main, args=(cfg, child), daemon=True, name=f"sluice-perf-{i}"

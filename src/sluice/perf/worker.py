@@ -50,6 +50,7 @@ class WorkerConfig:
     port: int
     payloads: tuple[bytes, ...]
     index: int = 0
+    api_key: str = ""
 
 
 class _Worker:
@@ -83,7 +84,7 @@ class _Worker:
         self.grpc = cfg.protocol == "grpc"
         self.gconn: GrpcConn | None = None
         self.gconnecting: asyncio.Future[GrpcConn] | None = None
-        self.gblock = request_headers(f"{cfg.host}:{cfg.port}")
+        self.gblock = request_headers(f"{cfg.host}:{cfg.port}", cfg.api_key)
 
     # ------------------------------------------------------------------ payloads / records
     def next_payload(self) -> Any:

@@ -58,9 +58,10 @@ class Target:
     protocol: str  # "http" | "grpc"
     host: str
     port: int
+    api_key: str = ""  # sent as 'Authorization: Bearer <key>' when set (--api-key)
 
     @classmethod
-    def parse(cls, url: str | None, protocol: str) -> Target:
+    def parse(cls, url: str | None, protocol: str, api_key: str | None = None) -> Target:
         protocol = protocol.lower()
         if protocol not in ("http", "grpc"):
             raise PerfError(f"-i must be http or grpc, got '{protocol}'")
@@ -73,11 +74,17 @@ class Target:
         host, sep, port = url.rpartition(":")
         if not sep or not port.isdigit():
             raise PerfError(f"-u expects host:port, got '{url}'")
-        return cls(protocol, host.strip("[]") or "localhost", int(port))
+        return cls(protocol, host.strip("[]") or "localhost", int(port), api_key or "")
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def http_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def grpc_metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {self.api_key}")] if self.api_key else []
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,8 @@ class InputOptions:
 def _http_json(target: Target, path: str) -> Any:
     url = f"http://{target.address}{path}"
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
+        req = urllib.request.Request(url, headers=target.http_headers())
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
         body = e.read().decode(errors="replace")
@@ -136,7 +144,7 @@ def _grpc_call(target: Target, method: str, request: Any) -> dict[str, Any]:
     with grpc.insecure_channel(target.address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         try:
-            msg = getattr(stub, method)(request, timeout=30)
+            msg = getattr(stub, method)(request, timeout=30, metadata=target.grpc_metadata())
         except grpc.RpcError as e:
             raise PerfError(
                 f"gRPC {method} at {target.address} failed: {e.code().name}: {e.details()}"  # type: ignore[attr-defined]
@@ -376,6 +384,8 @@ def _http_request(
         f"Host: {target.address}",
         f"Content-Length: {len(body)}",
     ]
+    if target.api_key:
+        lines.append(f"Authorization: Bearer {target.api_key}")
     if header_length is None:
         lines.append("Content-Type: application/json")
     else:

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse
 from .datatypes import KSERVE_TO_NUMPY
+from .json_body import too_deep
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
 
@@ -37,7 +38,9 @@ def decode_generate_request(
     the batch dimension and variable dimensions)."""
     try:
         doc = json.loads(body) if body.strip() else {}
-    except ValueError as exc:
+    except RecursionError:
+        raise too_deep("generate request") from None
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"generate request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidArgument("generate request body must be a JSON object")

@@ -26,7 +26,12 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
 from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
-from .http_codec import as_wire_dtype, deserialize_bytes_tensor, serialize_bytes_tensor
+from .http_codec import (
+    as_wire_dtype,
+    check_empty_shape,
+    deserialize_bytes_tensor,
+    serialize_bytes_tensor,
+)
 
 __all__ = [
     "decode_infer_request",
@@ -99,17 +104,44 @@ def dict_to_params(src: Mapping[str, Any], dst: Any) -> None:
 
 
 # --------------------------------------------------------------------------- infer request
-def _typed_contents(name: str, datatype: str, tin: Any, count: int) -> np.ndarray:
+# the contents field -> the datatype Triton names when that field is not the input's
+_FIELD_TYPE = {
+    "bool_contents": "BOOL",
+    "int_contents": "INT32",
+    "int64_contents": "INT64",
+    "uint_contents": "UINT32",
+    "uint64_contents": "UINT64",
+    "fp32_contents": "FP32",
+    "fp64_contents": "FP64",
+    "bytes_contents": "BYTES",
+}
+
+
+def _typed_contents(name: str, datatype: str, tin: Any, count: int, model: str) -> np.ndarray:
     field = _CONTENTS_FIELD.get(datatype)
     if field is None:
         raise InvalidArgument(
             f"input '{name}': datatype {datatype} must be sent in raw_input_contents"
         )
     values = getattr(tin.contents, field)
-    if len(values) != count:
+    if not values and count:
+        others = [f.name for f, _ in tin.contents.ListFields() if f.name != field]
+        if others:
+            raise InvalidArgument(
+                f"unexpected explicit tensor data for input tensor '{name}' for model "
+                f"'{model}' of type '{_FIELD_TYPE.get(others[0], others[0])}', expected "
+                f"datatype '{datatype}' (a {datatype} input is sent in contents.{field})"
+            )
         raise InvalidArgument(
-            f"input '{name}': contents.{field} has {len(values)} elements but shape "
-            f"{list(tin.shape)} requires {count}"
+            f"unable to find data for input tensor '{name}' for model '{model}' in request. "
+            f"(neither contents.{field} nor raw_input_contents holds it)"
+        )
+    if len(values) != count:
+        size = KSERVE_TO_NUMPY[datatype].itemsize if datatype != "BYTES" else 1
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
+            f"{count * size}, got {len(values) * size}: contents.{field} has {len(values)} "
+            f"elements but shape {list(tin.shape)} requires {count}"
         )
     if datatype == "BYTES":
         arr = np.empty(count, dtype=_OBJECT)
@@ -236,12 +268,24 @@ def decode_infer_request(
     tins = msg.inputs
     shm_inputs: dict[str, tuple[str, int, int, str, tuple[int, ...]]] = {}
     n_shm = sum(1 for t in tins if t.parameters and "shared_memory_region" in t.parameters)
+    model = msg.model_name
     if n_raw and n_raw != len(tins) - n_shm:
-        raise InvalidArgument(
+        detail = (
             f"raw_input_contents has {n_raw} entries but the request has {len(tins) - n_shm} "
             "inputs not in shared memory; when raw_input_contents is used every such input "
             "must be in it"
         )
+        if n_raw < len(tins) - n_shm:  # Triton names the first input left without data
+            plain = [
+                t.name
+                for t in tins
+                if not (t.parameters and "shared_memory_region" in t.parameters)
+            ]
+            raise InvalidArgument(
+                f"unable to find data for input tensor '{plain[n_raw]}' for model '{model}' "
+                f"in request. ({detail})"
+            )
+        raise InvalidArgument(f"unexpected additional input data for model '{model}': {detail}")
     inputs: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
     next_raw = 0
@@ -264,6 +308,8 @@ def decode_infer_request(
                     f"input '{name}': 'shape' must hold non-negative integers, got {list(shape)}"
                 )
         count = math.prod(shape)
+        if not count and shape:
+            check_empty_shape(name, shape)
         tparams = tin.parameters
         if tparams and "shared_memory_region" in tparams:
             p = params_to_dict(tparams)
@@ -278,7 +324,11 @@ def decode_infer_request(
             continue
         if n_raw:
             if tin.HasField("contents"):
-                raise InvalidArgument(f"input '{name}' has both 'contents' and raw_input_contents")
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"'{name}' for model '{model}' (send every input either in "
+                    "raw_input_contents or in its contents, not both)"
+                )
             raw = raws[next_raw]
             next_raw += 1
             if dt is _OBJECT:
@@ -287,12 +337,14 @@ def decode_infer_request(
                 expect = count * dt.itemsize
                 if len(raw) != expect:
                     raise InvalidArgument(
-                        f"input '{name}': raw_input_contents[{next_raw - 1}] holds {len(raw)} bytes but "
-                        f"shape {list(shape)} of {datatype} requires {expect}"
+                        f"input byte size mismatch for input '{name}' for model '{model}'. "
+                        f"Expected {expect}, got {len(raw)}: raw_input_contents[{next_raw - 1}] "
+                        f"holds {len(raw)} bytes but shape {list(shape)} of {datatype} requires "
+                        f"{expect}"
                     )
                 arr = np.frombuffer(raw, dt) if count else np.empty(0, dt)
         else:
-            arr = _typed_contents(name, datatype, tin, count)
+            arr = _typed_contents(name, datatype, tin, count, model)
         if len(shape) != 1:
             arr = arr.reshape(shape)
         inputs[name] = arr
@@ -524,7 +576,7 @@ def decode_infer_response(msg: pb.ModelInferResponse) -> InferResponse:
             else:
                 arr = np.frombuffer(raw, dtype=dt)
         else:
-            arr = _typed_contents(t.name, t.datatype, t, count)
+            arr = _typed_contents(t.name, t.datatype, t, count, msg.model_name)
         outputs[t.name] = arr.reshape(shape)
         dtypes[t.name] = t.datatype
     return InferResponse(

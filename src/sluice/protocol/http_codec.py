@@ -34,6 +34,7 @@ from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
 from . import bytes_tensor
 from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
+from .json_body import show, too_deep
 
 __all__ = [
     "HEADER_LENGTH",
@@ -45,6 +46,7 @@ __all__ = [
     "as_wire_dtype",
     "deserialize_bytes_tensor",
     "output_is_binary",
+    "check_empty_shape",
 ]
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -127,6 +129,24 @@ def _bad(msg: str) -> InvalidArgument:
     return InvalidArgument(msg)
 
 
+# An empty tensor's other dimensions still describe an array numpy must be able to hold.
+_MAX_EMPTY_SPAN = 1 << 56
+
+
+def check_empty_shape(name: str, shape: Sequence[int]) -> None:
+    """A shape with a zero dimension (no elements) whose other dimensions multiply past
+    what any tensor can have is refused (numpy would fail on it)."""
+    span = 1
+    for d in shape:
+        if d:
+            span *= d
+    if span > _MAX_EMPTY_SPAN:
+        raise _bad(
+            f"input '{name}': 'shape' {show(list(shape))} is too large: its non-zero "
+            f"dimensions multiply to more than 2^56"
+        )
+
+
 def _json_tensor(
     name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any
 ) -> np.ndarray:
@@ -138,6 +158,7 @@ def _json_tensor(
         types = set(map(type, data))
     if len(data) != count:
         raise _bad(
+            f"Unable to parse 'data': Shape does not match true shape of 'data' field: "
             f"input '{name}': 'data' has {len(data)} elements but shape {list(shape)} "
             f"requires {count}"
         )
@@ -147,7 +168,7 @@ def _json_tensor(
         word = _JSON_TYPE_WORD.get(datatype, "a JSON integer")
         raise _bad(
             f"input '{name}': 'data' elements must each be {word} for datatype {datatype}, "
-            f"got {json.dumps(bad)}"
+            f"got {show(bad)}"
         )
     if datatype == "BYTES":
         arr = np.empty(count, dtype=_OBJECT)
@@ -178,13 +199,17 @@ def decode_infer_request(
         )
     try:
         doc = _json_loads((body if header_length == blen else body[:header_length]).decode())
+    except RecursionError:
+        raise too_deep("request") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(f"failed to parse the request JSON: {exc}") from None
+        raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
     if type(doc) is not dict:
         raise _bad("the request JSON must be an object")
     inputs_doc = doc.get("inputs")
     if inputs_doc is None:
-        raise _bad("the request JSON is missing the required field 'inputs'")
+        raise _bad(
+            "Unable to parse 'inputs': the request JSON is missing the required field 'inputs'"
+        )
     if type(inputs_doc) is not list:
         raise _bad("the request field 'inputs' must be a JSON array")
 
@@ -213,7 +238,7 @@ def decode_infer_request(
         dt = _DTYPE_OF.get(datatype_doc) if type(datatype_doc) is str else None
         if dt is None:
             raise _bad(
-                f"input '{name}': unknown 'datatype' {json.dumps(datatype_doc)}; "
+                f"invalid datatype for input {name}: unknown 'datatype' {show(datatype_doc)}; "
                 f"expected one of {_KNOWN}"
             )
         datatype: str = datatype_doc  # type: ignore[assignment]  # checked just above
@@ -225,9 +250,11 @@ def decode_infer_request(
             if type(d) is not int or d < 0:
                 raise _bad(
                     f"input '{name}': 'shape' must be a JSON array of non-negative integers, "
-                    f"got {shape!r}"
+                    f"got {show(shape)}"
                 )
             count *= d
+        if not count and shape:
+            check_empty_shape(name, shape)
         tparams = tin.get("parameters")
         size = None
         if tparams is not None:
@@ -266,16 +293,19 @@ def decode_infer_request(
                         "Inference-Header-Content-Length header"
                     )
                 raise _bad(
-                    f"input '{name}': parameters.binary_data_size {size} runs past the end of the "
-                    f"body ({blen - pos} bytes of binary data remain)"
+                    f"unexpected size for input '{name}', expecting {end - blen} additional "
+                    f"bytes for model '{model_name}': parameters.binary_data_size {size} runs "
+                    f"past the end of the body ({blen - pos} bytes of binary data remain)"
                 )
             if dt is _OBJECT:
                 arr = deserialize_bytes_tensor(body, count, pos, end, name).reshape(shape)
             else:
                 if size != count * dt.itemsize:
                     raise _bad(
-                        f"input '{name}': parameters.binary_data_size is {size} bytes but shape "
-                        f"{shape} of {datatype} requires {count * dt.itemsize}"
+                        f"input byte size mismatch for input '{name}' for model '{model_name}'. "
+                        f"Expected {count * dt.itemsize}, got {size}: parameters.binary_data_size "
+                        f"is {size} bytes but shape {shape} of {datatype} requires "
+                        f"{count * dt.itemsize}"
                     )
                 if count:
                     # positional arguments: frombuffer's keyword parsing costs more than the view
@@ -289,7 +319,8 @@ def decode_infer_request(
         datatypes[name] = datatype
     if pos != blen:
         raise _bad(
-            f"the request body has {blen - pos} bytes of binary data not claimed by any input's "
+            f"unexpected additional input data for model '{model_name}': the request body has "
+            f"{blen - pos} bytes of binary data not claimed by any input's "
             "parameters.binary_data_size"
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -20,11 +21,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import InvalidArgument, NotFound
 
 __all__ = [
+    "ModelDirScan",
     "check_model_name",
     "find_model_dir",
     "find_model_dir_or_none",
+    "is_version_name",
     "list_models",
     "list_versions",
+    "scan_model_dir",
     "select_versions",
 ]
 
@@ -91,36 +95,64 @@ def find_model_dir(repositories: tuple[Path, ...], name: str) -> Path:
     raise NotFound(f"failed to load '{name}': model directory not found in any model repository")
 
 
-def list_versions(model_dir: Path, warn: bool = True) -> list[int]:
-    """Numeric version directories, sorted; warns about the ones that are skipped."""
-    versions: list[int] = []
+@dataclass(frozen=True, slots=True)
+class ModelDirScan:
+    """What a model directory holds: numeric versions (sorted), directories that are not
+    versions, and model files lying at the model root (the seed's pitfall)."""
+
+    versions: list[int]
+    not_versions: list[str]
+    root_model_files: list[str]
+
+
+def is_version_name(name: str) -> bool:
+    """True for "0", "1", "12"; False for "01", "v1", "latest" ("0" is a version in Triton)."""
+    return name.isdigit() and (name == "0" or not name.startswith("0"))
+
+
+def scan_model_dir(model_dir: Path) -> ModelDirScan:
+    """Versions, skipped directories and root model files of one model directory. Hidden
+    and ``_``-prefixed directories (``__pycache__``) are neither versions nor reported."""
     try:
-        entries = list(os.scandir(model_dir))
+        entries = sorted(os.scandir(model_dir), key=lambda e: e.name)
     except OSError as exc:
         raise NotFound(f"cannot read model directory {model_dir}: {exc}") from None
+    versions: list[int] = []
+    not_versions: list[str] = []
+    root_files: list[str] = []
     for entry in entries:
         if entry.is_dir():
-            # "0" is a version (as Triton loads it); "01" is not.
-            if entry.name.isdigit() and (entry.name == "0" or not entry.name.startswith("0")):
+            if is_version_name(entry.name):
                 versions.append(int(entry.name))
-            elif warn and not entry.name.startswith((".", "_")):
-                log.warning(
-                    "model '%s': ignoring directory '%s': version directories must be numeric "
-                    "without a leading 0",
-                    model_dir.name,
-                    entry.path,
-                )
-        elif warn and entry.name.endswith(_MODEL_FILE_SUFFIXES):
+            elif not entry.name.startswith((".", "_")):
+                not_versions.append(entry.name)
+        elif entry.name.endswith(_MODEL_FILE_SUFFIXES):
+            root_files.append(entry.name)
+    versions.sort()
+    return ModelDirScan(versions, not_versions, root_files)
+
+
+def list_versions(model_dir: Path, warn: bool = True) -> list[int]:
+    """Numeric version directories, sorted; warns about the ones that are skipped."""
+    scan = scan_model_dir(model_dir)
+    if warn:
+        for name in scan.not_versions:
+            log.warning(
+                "model '%s': ignoring directory '%s': version directories must be numeric "
+                "without a leading 0",
+                model_dir.name,
+                model_dir / name,
+            )
+        for name in scan.root_model_files:
             log.warning(
                 "model '%s': file '%s' is at the model root and will not be loaded; move it into "
                 "a numeric version directory, e.g. %s/1/%s",
                 model_dir.name,
-                entry.path,
+                model_dir / name,
                 model_dir,
-                entry.name,
+                name,
             )
-    versions.sort()
-    return versions
+    return scan.versions
 
 
 def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:

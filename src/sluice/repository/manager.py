@@ -38,6 +38,8 @@ from ..scheduling.sequence import SequenceScheduler
 from ..serving import Serving
 from ..stats import ModelStats
 from . import layout
+from .admission import MemoryAdmission
+from .devices import check_devices
 from .model_config import normalise, parse_config_json, read_config, validate
 from .states import (
     LOADING,
@@ -45,18 +47,26 @@ from .states import (
     UNAVAILABLE,
     UNLOADING,
     ModelRecord,
+    Override,
     ServingVersion,
     tensor_infos,
 )
 from .warmup import warm_up
 
-__all__ = ["ModelManager"]
+__all__ = ["ModelManager", "parse_load_params", "load_failure"]
+
+
+def load_failure(name: str, exc: ServerError, what: str = "") -> ServerError:
+    """``exc`` with its message led by Triton's phrase "failed to load '<name>'" (clients
+    and Triton's own examples match on it), the precise cause after it; same status."""
+    prefix = f"failed to load '{name}'"
+    if not exc.message.startswith(prefix):
+        exc.message = f"{prefix}{what}: {exc.message}"
+        exc.args = (exc.message,)
+    return exc
+
 
 log = logging.getLogger("sluice.manager")
-
-
-def _has_gpu() -> bool:
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
 def _file_bytes(name: str, key: str, value: Any) -> bytes:
@@ -68,6 +78,32 @@ def _file_bytes(name: str, key: str, value: Any) -> bytes:
         raise InvalidArgument(
             f"failed to load '{name}': parameter '{key}' is not valid base64"
         ) from None
+
+
+def parse_load_params(
+    name: str, parameters: dict[str, Any] | None
+) -> tuple[str | None, dict[str, bytes]]:
+    """A load's parameters -> (the 'config' JSON or None, {path: contents} of 'file:<path>')."""
+    params = parameters or {}
+    unknown = sorted(k for k in params if k != "config" and not k.startswith("file:"))
+    if unknown:
+        raise InvalidArgument(
+            f"failed to load '{name}': unknown load parameter(s) {unknown}; accepted: "
+            "'config' (a JSON model configuration) and 'file:<path>' (file contents)"
+        )
+    config_json = params.get("config")
+    files = {k[5:]: _file_bytes(name, k, v) for k, v in params.items() if k.startswith("file:")}
+    if files and not config_json:
+        raise InvalidArgument(
+            f"failed to load '{name}': file override parameters ('file:...') require the "
+            "'config' parameter"
+        )
+    if config_json is not None and not isinstance(config_json, str):
+        raise InvalidArgument(
+            f"failed to load '{name}': the 'config' parameter must be a string holding a "
+            "JSON model configuration"
+        )
+    return config_json, files
 
 
 def _override_key(config_json: str | None, files: dict[str, bytes]) -> tuple[object, ...] | None:
@@ -99,6 +135,7 @@ class ModelManager:
         cache = ResponseCache(config.cache_size_bytes) if config.cache_size_bytes else None
         # the one request path (clients, ensemble steps, BLS)
         self.serving = Serving(self.records, cache)
+        self.admission = MemoryAdmission(config.model_memory_limit)
         self._override_dirs: dict[str, Path] = {}
         self._poll_task: asyncio.Task[None] | None = None
         self.startup_done = False
@@ -204,46 +241,32 @@ class ModelManager:
             await self.load(name)
             return True
         except ServerError as exc:
-            log.error("failed to load '%s': %s", name, exc)
+            log.error("%s", load_failure(name, exc))
             return False
 
     # ------------------------------------------------------------------- load
     async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """Load ``name``, or reload it if its files or the override changed since it was
         loaded. A load of a serving model whose directory and override are unchanged does
-        nothing (as Triton): a plain load keeps an override given earlier in force."""
-        layout.check_model_name(name)
-        params = parameters or {}
-        unknown = sorted(k for k in params if k != "config" and not k.startswith("file:"))
-        if unknown:
-            raise InvalidArgument(
-                f"failed to load '{name}': unknown load parameter(s) {unknown}; accepted: "
-                "'config' (a JSON model configuration) and 'file:<path>' (file contents)"
-            )
-        config_json = params.get("config")
-        files = {k[5:]: _file_bytes(name, k, v) for k, v in params.items() if k.startswith("file:")}
-        if files and not config_json:
-            raise InvalidArgument(
-                f"failed to load '{name}': file override parameters ('file:...') require the "
-                "'config' parameter"
-            )
-        if config_json is not None and not isinstance(config_json, str):
-            raise InvalidArgument(
-                f"failed to load '{name}': the 'config' parameter must be a string holding a "
-                "JSON model configuration"
-            )
-        override = _override_key(config_json, files)
-        while True:
-            rec = self.record(name)
-            async with rec.lock:
-                if self.records.get(name) is not rec:
-                    continue  # forgotten while we waited for its lock: start again
-                try:
-                    await self._load_if_changed(rec, config_json, files, override)
-                except NotFound:
-                    self._forget_if_unknown(rec)
-                    raise
-                break
+        nothing (as Triton): a plain load keeps an override given earlier in force. Every
+        failure's message starts with Triton's "failed to load '<name>'"."""
+        try:
+            layout.check_model_name(name)
+            config_json, files = parse_load_params(name, parameters)
+            override = _override_key(config_json, files)
+            while True:
+                rec = self.record(name)
+                async with rec.lock:
+                    if self.records.get(name) is not rec:
+                        continue  # forgotten while we waited for its lock: start again
+                    try:
+                        await self._load_if_changed(rec, config_json, files, override)
+                    except NotFound:
+                        self._forget_if_unknown(rec)
+                        raise
+                    break
+        except ServerError as exc:
+            raise load_failure(name, exc) from None
         rec.required = True
 
     async def _load_if_changed(
@@ -294,8 +317,14 @@ class ModelManager:
                 rec.states[-1] = (UNAVAILABLE, str(exc))
             raise
         rec.loaded = (signature, override)
+        # a whole-model load serves the version_policy with one config: per-version loads reset
+        rec.override = Override(config_json, files) if config_json is not None else None
+        rec.version_overrides.clear()
 
-    def _write_override(self, name: str, files: dict[str, bytes]) -> Path:
+    def _write_override(self, name: str, files: dict[str, bytes], slot: str = "") -> Path:
+        """The override files as a model directory; ``slot`` (default: the model's name) keys
+        the directory replaced by the next override of the same slot."""
+        slot = slot or name
         root = Path(tempfile.mkdtemp(prefix="sluice-override-"))
         model_dir = root / name
         model_dir.mkdir()
@@ -307,10 +336,10 @@ class ModelManager:
             target = model_dir.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        old = self._override_dirs.pop(name, None)
+        old = self._override_dirs.pop(slot, None)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        self._override_dirs[name] = root
+        self._override_dirs[slot] = root
         return model_dir
 
     def _read_config(
@@ -332,8 +361,16 @@ class ModelManager:
             log.warning("model '%s': %s", name, text)
 
     async def _load_locked(
-        self, rec: ModelRecord, model_dir: Path, config_json: str | None, why: str
+        self,
+        rec: ModelRecord,
+        model_dir: Path,
+        config_json: str | None,
+        why: str,
+        only: int | None = None,
     ) -> None:
+        """Prepare the versions the version_policy selects and swap them in for the serving
+        set; with ``only``, prepare just that version and swap it in beside the others
+        (a per-version load, ``versions.py``)."""
         name = rec.name
         t0 = time.monotonic()
         versions = layout.list_versions(model_dir)
@@ -354,7 +391,15 @@ class ModelManager:
                 f"failed to load '{name}': no version directory found in {model_dir} "
                 "(versions are numeric directories such as 1/)"
             )
-        selected = layout.select_versions(config, versions)
+        if only is None:
+            selected = layout.select_versions(config, versions)
+        elif only in versions:
+            selected = [only]
+        else:
+            raise NotFound(
+                f"failed to load '{name}' version {only}: no version directory "
+                f"{model_dir / str(only)} (versions: {', '.join(map(str, versions))})"
+            )
         settings = {k: v for b, k, v in self.config.backend_config if b in ("", config.backend)}
         if backend is not None and not self.config.disable_auto_complete_config:
             probe = ModelSpec(
@@ -398,9 +443,8 @@ class ModelManager:
                         f"{spec.version_dir / fname} not found"
                     )
                 instances = backend.create_instances(spec) if backend else []
-                results = await asyncio.gather(
-                    *(i.start() for i in instances), return_exceptions=True
-                )
+                # the first instance alone, measured; the rest only if they fit in memory
+                results = await self.admission.start_instances(name, v, config, instances)
                 for inst, res in zip(instances, results, strict=True):
                     if not isinstance(res, BaseException):
                         started.append(inst)
@@ -431,7 +475,9 @@ class ModelManager:
                     decoupled=config.model_transaction_policy.decoupled,
                     cached=self.serving.cache is not None
                     and config.response_cache.enable
-                    and not config.model_transaction_policy.decoupled,
+                    and not config.model_transaction_policy.decoupled
+                    # Triton: only the default and dynamic batchers use the cache
+                    and not config.HasField("sequence_batching"),
                 )
                 try:
                     await warm_up(new[v], instances)  # before READY, on every instance
@@ -450,13 +496,19 @@ class ModelManager:
         for sv in new.values():
             sv.stats.load_duration_secs = load_secs
         old = rec.serving
+        if only is not None:  # the other versions keep serving
+            new = {**old, **new}
+            old = {only: old[only]} if only in old else {}
         rec.set_serving(new)  # the atomic swap
         self._ensembles.pop(name, None)
         if composing:
             self._ensembles[name] = composing
             for m in composing:
                 self.record(m).dependents.add(name)
-        rec.states = {v: (READY, "") for v in new}
+        if only is None:
+            rec.states = {v: (READY, "") for v in new}
+        else:
+            rec.states[only] = (READY, "")
         retiring = list(old.values())
         for sv in retiring:
             if sv.spec.version not in new:
@@ -469,7 +521,7 @@ class ModelManager:
             "%s '%s' version(s) %s in %.2fs (%s)",
             "reloaded" if retiring else "loaded",
             name,
-            sorted(new),
+            sorted(new) if only is None else [only],
             load_secs,
             why,
         )
@@ -503,12 +555,7 @@ class ModelManager:
             return None
 
     def _check_devices(self, name: str, config: mc.ModelConfig) -> None:
-        for group in config.instance_group:
-            if group.kind == mc.ModelInstanceGroup.KIND_GPU and not _has_gpu():
-                raise InvalidArgument(
-                    f"failed to load '{name}': instance_group '{group.name}' asks for KIND_GPU but "
-                    "this machine has no GPU; use KIND_CPU (or KIND_AUTO)"
-                )
+        check_devices(name, config)
 
     async def _retire(self, versions: list[ServingVersion]) -> None:
         async def one(sv: ServingVersion) -> None:
@@ -597,7 +644,7 @@ class ModelManager:
             try:
                 await self.load(name)
             except ServerError as exc:
-                log.error("poll: failed to load '%s': %s", name, exc)
+                log.error("poll: %s", exc)
         for name in list(self.records):
             if name in present:
                 continue

@@ -17,6 +17,7 @@ from ..errors import InvalidArgument
 
 __all__ = [
     "CONFIG_FILE",
+    "ConfigParseError",
     "read_config",
     "parse_config_text",
     "parse_config_json",
@@ -55,18 +56,30 @@ _FILE_BACKEND = {
 }
 
 
+class ConfigParseError(InvalidArgument):
+    """A config.pbtxt that protobuf's text_format cannot read; ``line`` / ``column`` are 1-based
+    (0 when protobuf does not know them) and ``detail`` is protobuf's message."""
+
+    def __init__(self, source: str, line: int, column: int, detail: str) -> None:
+        where = f"{source}:{line}:{column}" if line else source
+        super().__init__(f"invalid model configuration {where}: {detail}")
+        self.source = source
+        self.line = line
+        self.column = column
+        self.detail = detail
+
+
 def parse_config_text(text: str, source: str) -> mc.ModelConfig:
     config = mc.ModelConfig()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        line, col = exc.GetLine(), exc.GetColumn()
-        where = f"{source}:{line}:{col}" if line else source
+        line, col = exc.GetLine() or 0, exc.GetColumn() or 0
         detail = str(exc)
         # protobuf prefixes "line:col : "; keep only the message, we print the location.
         if detail.startswith(f"{line}:{col} : "):
             detail = detail[len(f"{line}:{col} : ") :]
-        raise InvalidArgument(f"invalid model configuration {where}: {detail}") from None
+        raise ConfigParseError(source, line, col, detail) from None
     return config
 
 

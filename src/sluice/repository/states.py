@@ -12,6 +12,7 @@ from ..backends.base import ModelSpec
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..scheduling.scheduler import Scheduler
 from ..stats import ModelStats
+from .traffic import TrafficSplit
 
 __all__ = [
     "READY",
@@ -21,6 +22,7 @@ __all__ = [
     "TensorInfo",
     "ServingVersion",
     "ModelRecord",
+    "Override",
 ]
 
 # (path, mtime_ns, size) of every entry under a model's directory
@@ -77,6 +79,15 @@ class ServingVersion:
         return self.spec.config
 
 
+@dataclass(frozen=True, slots=True)
+class Override:
+    """The 'config' (and 'file:<path>' contents) a load carried; kept while it is in force so
+    that the control state can record it (``control_state.py``)."""
+
+    config: str
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class ModelRecord:
     name: str
@@ -93,10 +104,18 @@ class ModelRecord:
     # (directory signature, override key) of what serves now: a load reloads only if changed
     loaded: tuple[Signature, tuple[object, ...] | None] | None = None
     dependents: set[str] = field(default_factory=set)
+    # the whole-model load's override in force (None: the repository's files), and the
+    # overrides of versions loaded one by one (``versions.py``); meaningful while serving
+    override: Override | None = None
+    version_overrides: dict[int, Override] = field(default_factory=dict)
+    # weighted split of requests that name no version (``traffic.py``); None: the latest
+    split: TrafficSplit | None = None
 
     def set_serving(self, serving: dict[int, ServingVersion]) -> None:
         self.serving = serving
         self.latest = serving[max(serving)] if serving else None
+        if self.split is not None:
+            self.split = self.split.rebind(serving)
 
     @property
     def ready(self) -> bool:

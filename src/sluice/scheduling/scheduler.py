@@ -20,7 +20,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ModelInstance
+from ..backends.base import ExecuteResult, ModelInstance
 from ..errors import Internal, ServerError, Unavailable
 from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
@@ -98,6 +98,8 @@ class Scheduler:
         self._order: deque[list[Any]] = deque()  # [jobs, results | None]
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()
+        # traces get COMPUTE_* stamps, except an ensemble's (its steps have their own), as Triton
+        self._trace_compute = config.platform != "ensemble"
 
     # ------------------------------------------------------------------ submit
     def submit(
@@ -248,9 +250,15 @@ class Scheduler:
     async def _run(self, inst: ModelInstance, jobs: list[Job], slot: list[Any] | None) -> None:
         start = time.monotonic_ns()
         stats = self.stats
+        traced = False
         for job in jobs:
             stats.record_queue(start - job.enqueue_ns)
+            if job.request.trace is not None:
+                traced = True
+        if traced:
+            _trace_queue(jobs)
         results: list[Any]
+        result: ExecuteResult | None = None
         try:
             result = await inst.execute([job.request for job in jobs])
             results = result.results
@@ -274,6 +282,8 @@ class Scheduler:
         finally:
             self._idle.append(inst)
             self._running -= 1
+        if traced and self._trace_compute:
+            _trace_compute(jobs, start, time.monotonic_ns(), result)
         if slot is None:
             self._deliver(jobs, results)
         else:
@@ -332,3 +342,37 @@ class Scheduler:
                 await inst.stop(grace)
             except Exception:  # stop must not raise; log and go on
                 log.exception("stopping instance %s", getattr(inst, "name", "?"))
+
+
+def _trace_queue(jobs: list[Job]) -> None:
+    """QUEUE_START (when the request was queued) and, at level TENSORS, its inputs."""
+    for job in jobs:
+        trace = job.request.trace
+        if trace is None:
+            continue
+        trace.stamp("QUEUE_START", job.enqueue_ns)
+        if trace.tensors is not None:
+            r = job.request
+            trace.add_tensors("TENSOR_QUEUE_INPUT", job.enqueue_ns, r.inputs, r.input_datatypes)
+
+
+def _trace_compute(jobs: list[Job], start: int, end: int, result: ExecuteResult | None) -> None:
+    """COMPUTE_START/END around the execution; COMPUTE_INPUT_END and COMPUTE_OUTPUT_START from
+    the backend's input and output durations (a batch shares them, as in Triton); at level
+    TENSORS the outputs the backend produced."""
+    input_end = start + (result.compute_input_ns if result else 0)
+    output_start = end - (result.compute_output_ns if result else 0)
+    for i, job in enumerate(jobs):
+        trace = job.request.trace
+        if trace is None:
+            continue
+        trace.stamp("COMPUTE_START", start)
+        trace.stamp("COMPUTE_INPUT_END", input_end)
+        trace.stamp("COMPUTE_OUTPUT_START", output_start)
+        trace.stamp("COMPUTE_END", end)
+        if trace.tensors is not None and result is not None:
+            res = result.results[i] if i < len(result.results) else None
+            if isinstance(res, InferResponse) and res.outputs:
+                trace.add_tensors(
+                    "TENSOR_BACKEND_OUTPUT", output_start, res.outputs, res.output_datatypes
+                )

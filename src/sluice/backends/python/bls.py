@@ -104,7 +104,7 @@ class BlsCalls:
             raise InvalidArgument(
                 f"BLS request to model '{msg.model}': parameters are not valid JSON"
             ) from None
-        return InferRequest(
+        request = InferRequest(
             model_name=msg.model,
             model_version=msg.version,
             id=msg.request_id,
@@ -114,6 +114,11 @@ class BlsCalls:
             parameters=params if isinstance(params, dict) else {},
             callers=callers,
         )
+        if msg.trace is not None:  # trace=request.trace(): a child of the caller's trace
+            caller = inst.request_of(msg.trace)
+            if caller is not None and caller.trace is not None:
+                request.trace = caller.trace.child()
+        return request
 
     def _reply(self, call_id: int, response: InferResponse, final: bool) -> None:
         if response.error is not None:

@@ -164,6 +164,9 @@ class BlsCall:
     parameters: str  # JSON
     timeout_us: int
     decoupled: bool
+    # trace=request.trace(): the calling request as (execution id, index in it); its trace, if
+    # it has one, gets this call as a child
+    trace: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,13 @@ __all__ = [
     "ModelConfig",
     "Logger",
     "InferenceResponseSender",
+    "InferenceTrace",
     "get_input_tensor_by_name",
     "get_output_tensor_by_name",
     "get_input_config_by_name",
     "get_output_config_by_name",
+    "using_decoupled_model_transaction_policy",
+    "TRITON_STRING_TO_NUMPY",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
     "numpy_to_triton_type",
@@ -252,6 +255,21 @@ class Tensor:
         return f"Tensor({self._name!r}, shape={self._array.shape}, dtype={self._array.dtype})"
 
 
+class InferenceTrace:
+    """``request.trace()``: passed as ``InferenceRequest(..., trace=request.trace())`` it makes
+    the BLS call a child of the request's trace (when that request is traced), as in Triton.
+    It names the request in its execution; models only hand it on."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: tuple[int, int] | None = None) -> None:
+        self._ctx = ctx
+
+    def get_context(self) -> str | None:
+        """Triton: the OpenTelemetry context to propagate; none here (not propagated)."""
+        return None
+
+
 class InferenceRequest:
     """One request of a batch given to ``execute``, or a request a model builds for BLS:
     ``InferenceRequest(model_name="m", inputs=[...], requested_output_names=[...]).exec()``."""
@@ -268,6 +286,7 @@ class InferenceRequest:
         "_parameters",
         "_ctx",
         "_sender",
+        "_trace",
     )
 
     def __init__(
@@ -281,6 +300,7 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         parameters: str | dict[str, Any] | None = None,
+        trace: InferenceTrace | None = None,
         **_ignored: Any,
     ) -> None:
         self._request_id = request_id
@@ -298,6 +318,7 @@ class InferenceRequest:
         self._parameters = parameters
         self._ctx: tuple[int, int] | None = None
         self._sender: InferenceResponseSender | None = None
+        self._trace = trace._ctx if isinstance(trace, InferenceTrace) else None
 
     @classmethod
     def _make(
@@ -322,6 +343,7 @@ class InferenceRequest:
         r._parameters = parameters
         r._ctx = ctx
         r._sender = None
+        r._trace = None
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -365,6 +387,10 @@ class InferenceRequest:
     def parameters(self) -> str:
         """The request parameters as a JSON string (as in Triton)."""
         return self._parameters
+
+    def trace(self) -> InferenceTrace:
+        """This request's trace, to pass on to the BLS requests it makes (``trace=``)."""
+        return InferenceTrace(self._ctx)
 
     def is_cancelled(self) -> bool:
         """True once the client of this request went away (stream closed, disconnected)."""
@@ -486,6 +512,15 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
         if item.get("name") == name:
             return item  # type: ignore[no-any-return]
     return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any] | ModelConfig) -> bool:
+    """Whether the config (``ModelConfig.as_dict()``, a ``ModelConfig``, or the ``json.loads``
+    of ``args["model_config"]``) declares ``model_transaction_policy { decoupled: true }``;
+    models call it in ``auto_complete_config`` and ``initialize``."""
+    cfg = model_config.as_dict() if isinstance(model_config, ModelConfig) else model_config
+    policy = cfg.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
 
 
 class ModelConfig:

@@ -8,6 +8,9 @@ Rules of this file:
   then fails with an INTERNAL ``ServerError`` naming the model, the instance and the exit
   code or signal, and a fresh worker is started (``initialize`` runs again) so later calls
   succeed. A call that arrives while the restart runs waits for it.
+- A call given a timeout (the model's ``execute_timeout_ms``) that is not answered in time
+  kills its worker with SIGKILL: the calls in flight on it fail with one UNAVAILABLE error
+  naming the model and the limit, and the worker is restarted as after any death.
 - ``stop`` sends ``Stop`` (the model's ``finalize``), waits up to its timeout, then
   terminates and kills. It never raises and never leaves a child behind.
 """
@@ -62,7 +65,7 @@ def describe_exit(exitcode: int | None) -> str:
 class _Child:
     """One spawned process and its pipe; a restart makes a new one."""
 
-    __slots__ = ("proc", "conn", "tx", "ready", "exited", "released")
+    __slots__ = ("proc", "conn", "tx", "ready", "exited", "released", "kill_error")
 
     def __init__(self, proc: Any, conn: Connection, tx: Connection) -> None:
         self.proc = proc
@@ -71,6 +74,7 @@ class _Child:
         self.ready = False
         self.exited = False
         self.released = False  # reaped and closed: its process object is no longer usable
+        self.kill_error: ServerError | None = None  # why the server killed it (a timeout)
 
 
 class WorkerClient:
@@ -127,10 +131,13 @@ class WorkerClient:
         self._stopping = False
         await self._ensure_started()
 
-    async def call(self, msg: Any) -> ExecuteReply:
+    async def call(self, msg: Any, timeout: float | None = None) -> ExecuteReply:
         """Send one message and wait for the reply with the same id.
 
-        Raises ServerError (INTERNAL) when the worker dies before answering.
+        Raises ServerError (INTERNAL) when the worker dies before answering. With
+        ``timeout`` (seconds), a reply that takes longer is given up: the worker is killed
+        (it may hold the GIL or a lock forever), everything in flight on it fails with the
+        same UNAVAILABLE error naming the model and the limit, and a fresh worker starts.
         """
         child = self._child
         if child is None or not child.ready:
@@ -146,7 +153,12 @@ class WorkerClient:
         except OSError:
             pass  # the worker died; the exit handler fails ``fut`` with the reason
         try:
-            return await fut  # type: ignore[no-any-return]
+            if timeout is None:
+                return await fut  # type: ignore[no-any-return]
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)  # type: ignore[no-any-return]
+        except TimeoutError:
+            assert timeout is not None
+            raise self._timed_out(child, msg.id, timeout) from None
         except asyncio.CancelledError:
             # The worker still reads the input arena until it answers: the caller's lock
             # must stay held until then, so wait for the (discarded) reply before leaving.
@@ -156,6 +168,23 @@ class WorkerClient:
                 with contextlib.suppress(BaseException):
                     await drain
             raise
+
+    def _timed_out(self, child: _Child, msg_id: int, timeout: float) -> ServerError:
+        """The error for a call past ``timeout``; its worker is killed (SIGKILL), and the
+        exit handler fails the rest of its calls with the same error and restarts it."""
+        self._pending.pop(msg_id, None)
+        pid = self.pid
+        err = ServerError(
+            f"{self.label}: execute did not finish within execute_timeout_ms="
+            f"{round(timeout * 1000)}; its worker process {pid} was killed and is restarted",
+            Status.UNAVAILABLE,
+        )
+        if child is self._child and not child.exited and child.kill_error is None:
+            child.kill_error = err
+            log.warning("%s", err)
+            with contextlib.suppress(ValueError, OSError):
+                child.proc.kill()
+        return err
 
     async def stop(self, grace: float | None = None) -> None:
         """Finalize (waiting up to ``grace``, default ``stop_timeout``), then terminate / kill
@@ -299,7 +328,8 @@ class WorkerClient:
         self._release(child)
         self._child = None
         self._fail_pending(
-            ServerError(
+            child.kill_error
+            or ServerError(
                 f"{self.label}: worker process {pid} {describe_exit(exitcode)}", Status.INTERNAL
             )
         )

@@ -191,6 +191,7 @@ class Runtime:
             params,
             int(request.timeout() or 0),
             decoupled,
+            request._trace,
         )
         channel = self.channel
         channel.expect(call_id)

@@ -102,6 +102,29 @@ def _setup(spec: ModelSpec, name: str, kind: str, device: int, mode: str) -> Wor
     )
 
 
+EXECUTE_TIMEOUT_PARAM = "execute_timeout_ms"
+
+
+def execute_timeout(spec: ModelSpec) -> float | None:
+    """sluice's per-model ``parameters { key: "execute_timeout_ms" ... }``: how long one
+    ``execute`` may run before its worker is killed and replaced (seconds; None = no limit).
+    A value that is not a positive integer refuses the load, naming the parameter."""
+    params = spec.config.parameters
+    if EXECUTE_TIMEOUT_PARAM not in params:
+        return None
+    text = params[EXECUTE_TIMEOUT_PARAM].string_value.strip()
+    try:
+        ms = int(text)
+    except ValueError:
+        ms = 0
+    if ms <= 0:
+        raise InvalidArgument(
+            f"python model '{spec.name}': parameter '{EXECUTE_TIMEOUT_PARAM}' must be a "
+            f"positive integer number of milliseconds, got '{text}'"
+        )
+    return ms / 1000.0
+
+
 def _defines_auto_complete(path: Path) -> bool:
     """Whether model.py's ``TritonPythonModel`` defines ``auto_complete_config`` (no import)."""
     try:
@@ -144,6 +167,7 @@ class PythonInstance:
             label=f"python model '{spec.name}' version {spec.version} instance '{name}'",
             stop_timeout=stop_timeout,
         )
+        self._execute_timeout = execute_timeout(spec)
         self._inputs = ArenaWriter(self._setup.shm_prefix, "i")
         self._outputs = ArenaReader()
         self._lock = asyncio.Lock()
@@ -155,6 +179,7 @@ class PythonInstance:
         self._streams: dict[tuple[int, int], InferRequest] = {}
         # the batch executing now (or last): its BLS calls inherit its chain of callers
         self._batch: list[InferRequest] = []
+        self._batch_id = 0
 
     @property
     def callers(self) -> tuple[str, ...]:
@@ -165,6 +190,14 @@ class PythonInstance:
             chain.update(dict.fromkeys(r.callers))
         chain[self.spec.name] = None
         return tuple(chain)
+
+    def request_of(self, ctx: tuple[int, int]) -> InferRequest | None:
+        """The request a model names by its (execution id, index), while it is in this
+        instance: executing now, or a decoupled one still streaming."""
+        exec_id, index = ctx
+        if exec_id == self._batch_id and 0 <= index < len(self._batch):
+            return self._batch[index]
+        return self._streams.get((exec_id, index))
 
     @property
     def shm_prefix(self) -> str:
@@ -218,11 +251,14 @@ class PythonInstance:
         worker = self.worker
         exec_id = worker.next_id()
         self._batch = requests
+        self._batch_id = exec_id
         if self._decoupled:
             self._open_streams(exec_id, requests)
         t1 = clock()
         try:
-            reply = await worker.call(Execute(exec_id, self._inputs.name, tuple(wire)))
+            reply = await worker.call(
+                Execute(exec_id, self._inputs.name, tuple(wire)), self._execute_timeout
+            )
         except BaseException:
             self._close_streams(exec_id, len(requests))
             raise

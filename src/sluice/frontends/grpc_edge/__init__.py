@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ctypes
 import ctypes.util
 import logging
@@ -34,11 +35,21 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
-from ...errors import Internal, ServerError, Status
+from ...access import CALLER, AccessDenied, Policy, client_address
+from ...errors import InvalidArgument, ServerError, Status
 from ...protocol.grpc_codec import parse_model_infer
 from ...service import InferenceService
+from ...tls import TlsFiles
 from ..errors import grpc_error
-from ..grpc_api import MAX_MESSAGE_BYTES, SERVICE_NAME, STREAM_METHOD, GrpcHandlers, unary_methods
+from ..grpc_api import (
+    MAX_MESSAGE_BYTES,
+    OPERATIONS_SERVICE,
+    SERVICE_NAME,
+    STREAM_METHOD,
+    GrpcHandlers,
+    operation_methods,
+    unary_methods,
+)
 
 __all__ = [
     "NativeGrpcServer",
@@ -61,6 +72,11 @@ except ImportError as exc:  # not built here (or its libraries are gone): grpc.a
     IMPORT_ERROR = f"{_why} (build it with `make install`; needs libgrpc++-dev)"
 
 _OK = 0
+# request message type by method, for parse errors
+_REQUEST_TYPES = {
+    m.name: m.input_type.name
+    for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+}
 _UNIMPLEMENTED = 12
 
 
@@ -111,11 +127,12 @@ def _as_is(parts: _Data) -> _Data:
 
 
 class _Stream:
-    __slots__ = ("tasks", "half_closed")
+    __slots__ = ("tasks", "half_closed", "context")
 
-    def __init__(self) -> None:
+    def __init__(self, context: contextvars.Context | None = None) -> None:
         self.tasks: set[asyncio.Task[None]] = set()
         self.half_closed = False
+        self.context = context  # the caller's (access.CALLER) when a Policy is set
 
 
 class NativeGrpcServer:
@@ -137,24 +154,38 @@ class NativeGrpcServer:
             handlers.model_infer_parts,
             _as_is,
         )
+        for name, op in operation_methods(handlers).items():  # JSON bytes in and out
+            self._unary[f"/{OPERATIONS_SERVICE}/{name}"] = (name, bytes, op, _as_is)
         self._stream_path = f"/{SERVICE_NAME}/{STREAM_METHOD}"
         self._calls: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, _Stream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_soon = False
+        self._policy = handlers.policy  # None: nothing checked or recorded (one test per call)
+        self._guard = None if self._policy is None else self._policy.guard
 
     def start(
         self,
         address: str,
         int_args: Sequence[tuple[str, int]] = (),
         str_args: Sequence[tuple[str, str]] = (),
+        tls: TlsFiles | None = None,
     ) -> int:
-        """Bind ``address`` (``host:port``) and serve; returns the bound port."""
+        """Bind ``address`` (``host:port``) and serve (over TLS when ``tls`` is given);
+        returns the bound port."""
         self._loop = asyncio.get_running_loop()
+        pems = None if tls is None else tls.pems()
+        capture = self._guard.grpc_headers if self._guard is not None else ()
         try:
             port = int(
                 self._edge.start(
-                    address, [self._stream_path], list(int_args), list(str_args), MAX_MESSAGE_BYTES
+                    address,
+                    [self._stream_path],
+                    list(int_args),
+                    list(str_args),
+                    MAX_MESSAGE_BYTES,
+                    pems,
+                    list(capture),
                 )
             )
         except OSError as exc:
@@ -199,6 +230,19 @@ class NativeGrpcServer:
         assert loop is not None
         for cid, kind, method, payload in self._edge.drain():
             if kind == _edge.EV_CALL:
+                if self._policy is not None:
+                    context = self._admit(cid, method, payload)
+                    if context is None:
+                        continue
+                    if method == self._stream_path:
+                        self._streams[cid] = _Stream(context)
+                        continue
+                    entry = self._unary.get(method)
+                    if entry is not None:
+                        self._calls[cid] = loop.create_task(
+                            self._unary_call(cid, entry, payload), context=context
+                        )
+                        continue
                 if method == self._stream_path:
                     self._streams[cid] = _Stream()
                     continue
@@ -210,7 +254,9 @@ class NativeGrpcServer:
             elif kind == _edge.EV_MESSAGE:
                 stream = self._streams.get(cid)
                 if stream is not None:
-                    task = loop.create_task(self._stream_call(cid, stream, payload))
+                    task = loop.create_task(
+                        self._stream_call(cid, stream, payload), context=stream.context
+                    )
                     stream.tasks.add(task)
             elif kind == _edge.EV_HALF_CLOSE:
                 stream = self._streams.get(cid)
@@ -226,14 +272,46 @@ class NativeGrpcServer:
                     for task in stream.tasks:
                         task.cancel()
 
+    def _admit(self, cid: int, method: str, payload: Any) -> contextvars.Context | None:
+        """A call under a Policy: checked by its guard (finished here when refused) and
+        given a context that names its caller (key, address) for the audit log. None: the
+        call is over."""
+        info = self._edge.call_info(cid)
+        if info is None:
+            return None
+        peer, metadata = info
+        key = ""
+        if self._guard is not None:
+            name = method.rpartition("/")[2]
+            try:
+                key = self._guard.check_grpc(name, metadata)
+            except AccessDenied as exc:
+                code, message = grpc_error(exc, name)
+                self._finish(cid, code.value[0], message, None)
+                policy, entry = self._policy, self._unary.get(method)
+                if policy is not None and policy.audit is not None and entry is not None:
+                    try:  # a refused control action is recorded with what it named
+                        request = entry[1](payload) if payload is not None else None
+                    except DecodeError:
+                        request = None
+                    if request is not None:
+                        policy.record_denied(name, request, client_address(peer), exc)
+                return None
+        context = contextvars.copy_context()
+        context.run(CALLER.set, (key, client_address(peer)))
+        return context
+
     # --- calls ----------------------------------------------------------------
     async def _unary_call(self, cid: int, entry: _Entry, payload: bytes) -> None:
         name, parse, handler, serialize = entry
         try:
             try:
                 request = parse(payload)
-            except DecodeError:
-                raise Internal(f"cannot parse the {name} request message") from None
+            except DecodeError as exc:  # the client's bytes: INVALID_ARGUMENT, not INTERNAL
+                raise InvalidArgument(
+                    f"cannot parse the {name} request message: it is not a valid "
+                    f"inference.{_REQUEST_TYPES.get(name, name + 'Request')} ({exc})"
+                ) from None
             data = serialize(await handler(request))
         except asyncio.CancelledError:
             return  # the call is over (client cancel, deadline, shutdown): nothing to answer
@@ -275,15 +353,18 @@ async def start_native_grpc_server(
     port: int = 0,
     *,
     options: Sequence[tuple[str, Any]] = (),
+    tls: TlsFiles | None = None,
+    policy: Policy | None = None,
 ) -> tuple[NativeGrpcServer, int]:
     """Create, bind and start the native edge for ``service``; returns ``(server,
-    bound_port)``. ``options`` are gRPC channel arguments (int or str values). Stop with
-    ``await server.stop(grace)``."""
-    server = NativeGrpcServer(GrpcHandlers(service))
+    bound_port)``. ``options`` are gRPC channel arguments (int or str values); ``tls`` the
+    server's certificate (plain when None); ``policy`` what is checked and recorded. Stop
+    with ``await server.stop(grace)``."""
+    server = NativeGrpcServer(GrpcHandlers(service, policy))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # SO_REUSEPORT off (gRPC C++ turns it on by default): a port clash is an error, as on aio.
     int_args = [("grpc.so_reuseport", 0)]
     int_args += [(k, int(v)) for k, v in options if not isinstance(v, str)]
     str_args = [(k, v) for k, v in options if isinstance(v, str)]
-    bound = server.start(address, int_args, str_args)
+    bound = server.start(address, int_args, str_args, tls)
     return server, bound

@@ -154,6 +154,7 @@ class Edge {
   int efd_ = -1;
   std::unique_ptr<grpc::Server> server_;
   std::unordered_set<std::string> streaming_;
+  std::vector<std::string> capture_;  // client metadata keys call_info() reports
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> stopping_{false};
 
@@ -224,6 +225,11 @@ class Call {
 
   void OnEvent(OpKind op, bool ok);
 
+  // The values of `names` in the client's metadata (first of each; absent ones skipped) and
+  // the peer address. Read on the asyncio thread: gRPC fills both before the call starts and
+  // never changes them after.
+  PyObject* Info(const std::vector<std::string>& names);
+
   // From the poller that took the replies (never holding a lock of ours while starting).
   void PyWrite(grpc::ByteBuffer msg);
   void PyFinish(grpc::ByteBuffer* msg, grpc::Status status);
@@ -284,6 +290,25 @@ Call* Edge::Find(uint64_t id) {
 }
 
 void Edge::Request() { (new Call(this))->Post(); }
+
+PyObject* Call::Info(const std::vector<std::string>& names) {
+  PyObject* meta = PyDict_New();
+  if (!meta) return nullptr;
+  const auto& md = ctx_.client_metadata();
+  for (const std::string& name : names) {
+    auto it = md.find(grpc::string_ref(name));
+    if (it == md.end()) continue;
+    PyObject* v = PyUnicode_DecodeLatin1(it->second.data(), it->second.size(), "replace");
+    if (!v || PyDict_SetItemString(meta, name.c_str(), v) < 0) {
+      Py_XDECREF(v);
+      Py_DECREF(meta);
+      return nullptr;
+    }
+    Py_DECREF(v);
+  }
+  std::string peer = ctx_.peer();
+  return Py_BuildValue("(s#N)", peer.data(), static_cast<Py_ssize_t>(peer.size()), meta);
+}
 
 void Edge::Poll() {
   void* raw;
@@ -506,13 +531,30 @@ void PyEdge_dealloc(PyEdge* self) {
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
-// start(address, streaming_methods, int_args, str_args, max_message) -> bound port
+// start(address, streaming_methods, int_args, str_args, max_message[, tls[, capture]])
+// -> bound port. tls: None (plain) or (server_key_pem, server_cert_pem, root_cert_pem,
+// mutual); capture: the client metadata keys call_info() reports.
 PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   const char* address;
   PyObject *streaming, *int_args, *str_args;
+  PyObject* tls = Py_None;
+  PyObject* capture = Py_None;
   int max_message;
-  if (!PyArg_ParseTuple(args, "sOOOi", &address, &streaming, &int_args, &str_args, &max_message))
+  if (!PyArg_ParseTuple(args, "sOOOi|OO", &address, &streaming, &int_args, &str_args,
+                        &max_message, &tls, &capture))
     return nullptr;
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (tls != Py_None) {
+    const char *key, *cert, *root;
+    int mutual;
+    if (!PyArg_ParseTuple(tls, "sssp", &key, &cert, &root, &mutual)) return nullptr;
+    grpc::SslServerCredentialsOptions opts(
+        mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    opts.pem_root_certs = root;
+    opts.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(opts);
+  }
   Edge* edge = self->edge;
   if (edge->server_) {
     PyErr_SetString(PyExc_RuntimeError, "edge already started");
@@ -531,6 +573,21 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   }
   Py_DECREF(it);
   if (PyErr_Occurred()) return nullptr;
+  if (capture != Py_None) {
+    PyObject* cit = PyObject_GetIter(capture);
+    if (!cit) return nullptr;
+    for (PyObject* item; (item = PyIter_Next(cit));) {
+      const char* s = PyUnicode_AsUTF8(item);
+      if (s) edge->capture_.push_back(s);
+      Py_DECREF(item);
+      if (!s) {
+        Py_DECREF(cit);
+        return nullptr;
+      }
+    }
+    Py_DECREF(cit);
+    if (PyErr_Occurred()) return nullptr;
+  }
 
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(max_message);
@@ -561,8 +618,7 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
     Py_DECREF(seq);
   }
   int port = 0;
-  // TLS arrives later: only the credentials object changes here.
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, creds, &port);
   builder.RegisterAsyncGenericService(&edge->service_);
   edge->cq_ = builder.AddCompletionQueue();
   std::unique_ptr<grpc::Server> server;
@@ -787,6 +843,18 @@ PyObject* PyEdge_flush(PyEdge* self, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// call_info(id) -> (peer, {key: value}) for the start()'s capture keys, or None when the
+// call is over
+PyObject* PyEdge_call_info(PyEdge* self, PyObject* args) {
+  unsigned long long id;
+  if (!PyArg_ParseTuple(args, "K", &id)) return nullptr;
+  Call* call = self->edge->Find(id);
+  if (!call) Py_RETURN_NONE;
+  PyObject* out = call->Info(self->edge->capture_);
+  call->Unref();
+  return out;
+}
+
 PyObject* PyEdge_pending(PyEdge* self, PyObject*) {
   std::lock_guard<std::mutex> lk(self->edge->tmu_);
   return PyLong_FromSize_t(self->edge->calls_.size());
@@ -807,6 +875,8 @@ PyMethodDef PyEdge_methods[] = {
      "stop(grace_seconds): blocking; call it off the event loop"},
     {"flush", reinterpret_cast<PyCFunction>(PyEdge_flush), METH_NOARGS,
      "hand the answers queued by write()/finish() to gRPC"},
+    {"call_info", reinterpret_cast<PyCFunction>(PyEdge_call_info), METH_VARARGS,
+     "call_info(id) -> (peer, {metadata key: value}) or None when the call is over"},
     {"pending", reinterpret_cast<PyCFunction>(PyEdge_pending), METH_NOARGS,
      "number of calls gRPC has not finished with"},
     {nullptr, nullptr, 0, nullptr}};

@@ -1,0 +1,176 @@
+"""What tracing costs: one sluice server, tracing off against tracing on at rate 1 (Triton's
+JSON file, level TIMESTAMPS: every request traced), add_sub through the real perf_analyzer
+(``sluice perf`` where it is absent), in interleaved rounds.
+
+    .venv/bin/python bench/trace_cost.py [--rounds 3] [--interval 1000] [--protocols http grpc]
+
+The two arms are the same process: tracing is switched with the trace extension between runs
+(``POST /v2/trace/setting {"trace_level": [...]}``), so both run the same build, warm state
+and placement; the order alternates every round. The traces are written every 10000
+(``triton,log-frequency=10000``), so the cost includes formatting and writing them. A ratio is
+tracing-on / tracing-off, the median over the rounds' pairs; besides throughput and latency it
+shows the server process's CPU time per request, which the load of a shared machine disturbs
+far less. At the end the server is stopped and the trace files are read: they must hold one
+trace per request served with tracing on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from servers import Server, start_sluice
+
+ROOT = Path(__file__).resolve().parent.parent
+PA = Path("/tmp/peers/bin/perf_analyzer")
+
+
+def set_tracing(srv: Server, on: bool) -> None:
+    body = json.dumps({"trace_level": ["TIMESTAMPS"] if on else ["OFF"]}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{srv.http}/v2/trace/setting", body, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read())["trace_level"] == (["TIMESTAMPS"] if on else ["OFF"])
+
+
+def run_cell(
+    srv: Server, proto: str, c: int, args: argparse.Namespace, out: Path
+) -> dict[str, float] | None:
+    port = srv.grpc if proto == "grpc" else srv.http
+    flags = ["-m", "add_sub", "-i", proto, "-u", f"127.0.0.1:{port}"]
+    flags += ["--concurrency-range", str(c), "--input-data", "zero", "-p", str(args.interval)]
+    flags += ["-s", "50", "-r", "10", "-f", str(out)]
+    if PA.exists():
+        cmd = [str(PA), *flags]
+    else:
+        cmd = [sys.executable, "-m", "sluice", "perf", *flags, "--no-progress"]
+    out.unlink(missing_ok=True)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        print(f"  {proto} c={c}: timed out", file=sys.stderr)
+        return None
+    if r.returncode != 0 or not out.exists():
+        print(f"  {proto} c={c} failed rc={r.returncode}: {r.stderr[-300:]}", file=sys.stderr)
+        return None
+    with out.open() as f:
+        row = next(csv.DictReader(f))
+    return {
+        "thr": float(row["Inferences/Second"]),
+        "p50": int(row["p50 latency"]) / 1000,
+        "p99": int(row["p99 latency"]) / 1000,
+    }
+
+
+def cpu_seconds(srv: Server) -> float:
+    """User + system CPU of the server's own process (its python-backend workers do the same
+    work in both arms; the tracing is done here)."""
+    t = psutil.Process(srv.proc.pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def requests_served(srv: Server) -> int:
+    url = f"http://127.0.0.1:{srv.http}/v2/models/add_sub/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return int(json.loads(r.read())["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--interval", type=int, default=1000, help="measurement window, ms")
+    p.add_argument("--protocols", nargs="+", default=["http", "grpc"])
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
+    args = p.parse_args()
+    tool = "perf_analyzer" if PA.exists() else "sluice perf"
+    with tempfile.TemporaryDirectory(prefix="trace_cost_") as tmp:
+        work = Path(tmp)
+        trace_file = work / "trace.json"
+        srv = start_sluice(
+            ROOT / "examples" / "model_repo",
+            work / "sluice.log",
+            "--model-control-mode=explicit",
+            "--load-model=add_sub",
+            f"--trace-config=triton,file={trace_file}",
+            "--trace-config=rate=1",
+            "--trace-config=triton,log-frequency=10000",
+            "--trace-config=level=OFF",
+            cwd=work,
+        )
+        traced_requests = 0
+        # (protocol, concurrency) -> the rounds' (off, on) pairs where both arms measured
+        results: dict[tuple[str, int], list[tuple[dict[str, float], dict[str, float]]]] = {}
+        try:
+            srv.wait_ready()
+            for rnd in range(args.rounds):
+                for proto in args.protocols:
+                    for c in args.concurrency:
+                        cell = results.setdefault((proto, c), [])
+                        arms: dict[bool, dict[str, float]] = {}
+                        order = [False, True] if rnd % 2 == 0 else [True, False]
+                        for on in order:
+                            set_tracing(srv, on)
+                            before = requests_served(srv)
+                            cpu0 = cpu_seconds(srv)
+                            got = run_cell(srv, proto, c, args, work / "out.csv")
+                            served = requests_served(srv) - before
+                            if on:
+                                traced_requests += served
+                            if got is not None:
+                                got["cpu"] = (cpu_seconds(srv) - cpu0) / max(served, 1) * 1e6
+                                arms[on] = got
+                            label = "on " if on else "off"
+                            shown = (
+                                f"{got['thr']:.0f}/s p50 {got['p50']:.2f} ms, server "
+                                f"{got['cpu']:.0f} us CPU/request"
+                                if got
+                                else "-"
+                            )
+                            print(f"round {rnd + 1} {proto} c={c} tracing {label}: {shown}")
+                        if len(arms) == 2:
+                            cell.append((arms[False], arms[True]))
+                set_tracing(srv, False)
+        finally:
+            srv.stop()
+        # one model entry per trace, in trace.json.0, .1, ... (every 10000 traces) and the rest
+        traces = sum(f.read_bytes().count(b'"model_name"') for f in work.glob("trace.json*"))
+    print()
+    print(f"tracing off vs on (rate 1, file, TIMESTAMPS), add_sub, {tool}, {args.rounds} rounds")
+    print(f"{'cell':<12} {'off /s':>8} {'on /s':>8} {'thr on/off':>11} {'p50 off':>8}", end="")
+    print(f" {'p50 on':>8} {'p50 on/off':>11} {'p99 on/off':>11} {'CPU/req off':>12}", end="")
+    print(f" {'on':>6} {'on/off':>7}")
+    for (proto, c), pairs in results.items():
+        if not pairs:
+            continue
+
+        def med(key: str, which: int, pairs: list = pairs) -> float:
+            return statistics.median(pair[which][key] for pair in pairs)
+
+        def ratio(key: str, pairs: list = pairs) -> float:
+            return statistics.median(on[key] / off[key] for off, on in pairs)
+
+        print(
+            f"{proto + ' c=' + str(c):<12} {med('thr', 0):>8.0f} {med('thr', 1):>8.0f} "
+            f"{ratio('thr'):>11.3f} {med('p50', 0):>8.2f} {med('p50', 1):>8.2f} "
+            f"{ratio('p50'):>11.3f} {ratio('p99'):>11.3f} {med('cpu', 0):>9.0f} us "
+            f"{med('cpu', 1):>5.0f} {ratio('cpu'):>7.3f}  ({len(pairs)} pairs)"
+        )
+    print(
+        f"\ntrace file: {traces} traces for {traced_requests} requests served with tracing on"
+        + ("" if traces == traced_requests else "  <-- MISMATCH")
+    )
+    return 0 if traces == traced_requests else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Size limits of the HTTP front-end: the request head and the request body.
+
+Rules of this file:
+- The body limit is tritonserver's ``--http-max-input-size`` (bytes, default 64 MiB): a body
+  declared larger by Content-Length is refused before it is read; a chunked body is refused
+  as soon as it passes the limit. The answer is 413 naming the size, the limit and the flag,
+  with ``Connection: close`` (the rest of the body is not read).
+- The head limit (``--http-max-header-size``, sluice's own; default 64 KiB) bounds the
+  request line plus headers. httptools has no such limit and buffers a header until it ends,
+  so the bytes fed while a head is incomplete are counted here: past the limit the request
+  is answered 431 and the connection closed. A head is counted from the first read after
+  the one where it began, so nothing of a previous request's body is ever counted (the bound
+  is then the limit plus one read, at most 256 KiB).
+
+Usage::
+
+    receive = limit_body(scope, receive, 64 << 20)    # raises BodyTooLarge
+    uvicorn.Config(app, http=limited_httptools(64 << 10))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = [
+    "DEFAULT_MAX_INPUT_SIZE",
+    "DEFAULT_MAX_HEADER_SIZE",
+    "BodyTooLarge",
+    "limit_body",
+    "limited_httptools",
+]
+
+DEFAULT_MAX_INPUT_SIZE = 64 << 20
+DEFAULT_MAX_HEADER_SIZE = 64 << 10
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class BodyTooLarge(Exception):
+    """The request body is over ``--http-max-input-size`` (answered 413)."""
+
+    def __init__(self, size: int | None, limit: int) -> None:
+        what = f"of {size} bytes" if size is not None else "(chunked)"
+        super().__init__(
+            f"the request body {what} exceeds the maximum allowed size of {limit} bytes; "
+            "raise it with --http-max-input-size"
+        )
+
+
+def limit_body(scope: MutableMapping[str, Any], receive: Receive, limit: int) -> Receive:
+    """``receive`` for a request whose body may hold at most ``limit`` bytes: raises
+    BodyTooLarge at once when Content-Length says more, else counts a body without one."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                size = int(value)
+            except ValueError:
+                return receive  # the HTTP parser has refused it already
+            if size > limit:
+                raise BodyTooLarge(size, limit)
+            return receive  # the parser holds the body to its declared length
+    seen = 0
+
+    async def counted() -> MutableMapping[str, Any]:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise BodyTooLarge(None, limit)
+        return message
+
+    return counted
+
+
+class _LimitedHttpTools(HttpToolsProtocol):
+    max_header_bytes = DEFAULT_MAX_HEADER_SIZE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = False
+        self._begun = False
+        self._head_bytes = 0
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._begun = True
+        self._head_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        self._begun = False
+        super().data_received(data)
+        if self._in_head and not self._begun:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        self._in_head = False
+        transport = self.transport
+        if transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:  # else an answer is due first: just close
+            body = json.dumps(
+                {
+                    "error": f"the request line and headers exceed {self.max_header_bytes} "
+                    "bytes; raise the limit with --http-max-header-size"
+                }
+            ).encode()
+            transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"content-type: application/json\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\n"
+                b"connection: close\r\n\r\n" + body
+            )
+        transport.close()
+
+
+def limited_httptools(max_header_bytes: int) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the request head bounded to ``max_header_bytes``."""
+    return type(
+        "LimitedHttpToolsProtocol", (_LimitedHttpTools,), {"max_header_bytes": max_header_bytes}
+    )

@@ -1,0 +1,1 @@
+"""The operator's commands: ``sluice model ...`` over the repository API and ``sluice tune``."""

@@ -1,0 +1,97 @@
+"""--traffic-follows-readiness: for replicas behind a proxy without health checks (nginx,
+deploy/nginx/). While the server is not ready inference is refused with 503 / UNAVAILABLE
+(a proxy passes it on), gRPC listens only once the start-up models are loaded, and at
+SIGTERM gRPC stops taking calls while the call in flight still finishes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.request
+from pathlib import Path
+
+from tritonclient.utils import InferenceServerException
+
+from tests import zoo
+from tests.conftest import free_port
+from tests.e2e.helpers import (
+    error_text,
+    fp32_infer_body,
+    grpc_client,
+    grpc_fp32_inputs,
+    index_entries,
+    infer_fp32,
+    post,
+    wait_until,
+)
+
+
+def _listens(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_not_ready_refuses_and_grpc_follows_readiness(start_server, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    zoo.identity(repo)
+    zoo.slow_init_model(repo, init_s=3.0)
+    zoo.sleep_model(repo, ms=800)
+    ports = (free_port(), free_port(), free_port())
+    srv = start_server(
+        repo,
+        "--model-control-mode=explicit",
+        "--load-model=identity",
+        "--load-model=slow_init",
+        "--load-model=sleep",
+        "--traffic-follows-readiness=true",
+        ports=ports,
+        ready=False,
+    )
+    # start-up: HTTP answers (live, not ready), inference is refused with 503, even for a
+    # model already READY; gRPC does not listen yet
+    wait_until(lambda: srv.get("/v2/health/live")[0] == 200, what="live")
+    wait_until(
+        lambda: any(e.get("state") == "LOADING" for e in index_entries(srv, "slow_init")),
+        what="slow_init LOADING",
+    )
+    assert srv.get("/v2/health/ready")[0] == 400
+    code, raw = post(srv, "/v2/models/identity/infer", fp32_infer_body(1.0))
+    assert code == 503, raw
+    assert "not ready" in error_text(raw)
+    assert not _listens(ports[1])
+    srv.wait_ready()
+    assert infer_fp32(srv, "identity", 2.0)[0] == 200
+    wait_until(lambda: _listens(ports[1]), what="gRPC listens once ready")
+    client = grpc_client(srv)
+    assert client.infer("identity", grpc_fp32_inputs(3.0)).as_numpy("OUTPUT0")[0, 0] == 3.0
+
+    # SIGTERM: the gRPC calls in flight finish; gRPC then takes no new connection. Two calls
+    # on a one-instance model: the second waits in the queue (pending) while the first runs.
+    results: list[object] = []
+
+    def slow(value: float) -> None:
+        try:
+            r = grpc_client(srv).infer("sleep", grpc_fp32_inputs(value), client_timeout=30)
+            results.append(float(r.as_numpy("OUTPUT0")[0, 0]))
+        except InferenceServerException as exc:
+            results.append(exc)
+
+    calls = [threading.Thread(target=slow, args=(v,)) for v in (5.0, 6.0)]
+    for t in calls:
+        t.start()
+    wait_until(lambda: _pending(srv, "sleep") >= 1, what="two calls in flight")
+    srv.proc.send_signal(15)
+    wait_until(lambda: not _listens(ports[1]), what="gRPC closed at SIGTERM")
+    for t in calls:
+        t.join(30)
+    assert sorted(results) == [5.0, 6.0], results  # type: ignore[type-var]
+    assert srv.proc.wait(30) == 0
+    client.close()
+
+
+def _pending(srv: object, model: str) -> int:
+    with urllib.request.urlopen(f"http://{srv.metrics}/metrics", timeout=10) as r:  # type: ignore[attr-defined]
+        text = r.read().decode()
+    prefix = f'nv_inference_pending_request_count{{model="{model}"'
+    return sum(int(float(x.rsplit(" ", 1)[1])) for x in text.splitlines() if x.startswith(prefix))
