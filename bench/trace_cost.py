@@ -17,15 +17,18 @@ trace per request served with tracing on.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from servers import Server, start_sluice
@@ -85,13 +88,70 @@ def requests_served(srv: Server) -> int:
         return int(json.loads(r.read())["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
+async def core_cost(work: Path, n: int, rounds: int) -> list[tuple[float, float]]:
+    """The core alone, in this process (no network): CPU time of this process per request
+    through ``InferenceService.infer``, untraced vs traced (a front-end's stamps included),
+    interleaved rounds. The python worker's CPU is not counted; the tracing is all here."""
+    from sluice.config import ServerConfig
+    from sluice.repository.manager import ModelManager
+    from sluice.service import InferenceService
+    from sluice.tracing import split_flag
+    from sluice.types import InferRequest
+
+    flags = [f"triton,file={work / 'core.json'}", "rate=1", "triton,log-frequency=10000"]
+    cfg = ServerConfig(
+        model_repositories=(ROOT / "examples" / "model_repo",),
+        control_mode="explicit",
+        load_models=("add_sub",),
+        trace_config=tuple(split_flag(f) for f in flags),
+    )
+    manager = ModelManager(cfg)
+    service = InferenceService(cfg, manager)
+    await manager.startup()
+    tracer = service.tracer
+    a = np.ones((1, 4), np.float32)
+
+    async def burst(traced: bool) -> float:
+        t0 = time.process_time()
+        for _ in range(n):
+            r = InferRequest("add_sub", inputs={"INPUT0": a, "INPUT1": a})
+            r.input_datatypes = {"INPUT0": "FP32", "INPUT1": "FP32"}
+            trace = tracer.sample("add_sub") if tracer.on else None
+            if trace is not None:
+                trace.stamp("HTTP_RECV_START")
+                trace.stamp("HTTP_RECV_END")
+                r.trace = trace
+            await service.infer(r)
+            if trace is not None:
+                for name in ("INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"):
+                    trace.stamp(name)
+                trace.finish()  # collected in the loop's next iteration, as in the server
+        return (time.process_time() - t0) / n * 1e6
+
+    out = []
+    await burst(False)  # warm-up
+    for rnd in range(rounds):
+        pair: dict[bool, float] = {}
+        for on in [False, True] if rnd % 2 == 0 else [True, False]:
+            tracer.update("", {"trace_level": ["TIMESTAMPS"] if on else ["OFF"]})
+            pair[on] = await burst(on)
+        out.append((pair[False], pair[True]))
+    await manager.shutdown(5)
+    tracer.close()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--interval", type=int, default=1000, help="measurement window, ms")
     p.add_argument("--protocols", nargs="+", default=["http", "grpc"])
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--core-requests", type=int, default=3000, help="per core round; 0 = skip")
+    p.add_argument("--core-only", action="store_true", help="only the in-process core figure")
     args = p.parse_args()
+    if args.core_only:
+        return report_core(args)
     tool = "perf_analyzer" if PA.exists() else "sluice perf"
     with tempfile.TemporaryDirectory(prefix="trace_cost_") as tmp:
         work = Path(tmp)
@@ -169,7 +229,29 @@ def main() -> int:
         f"\ntrace file: {traces} traces for {traced_requests} requests served with tracing on"
         + ("" if traces == traced_requests else "  <-- MISMATCH")
     )
+    if args.core_requests:
+        report_core(args)
     return 0 if traces == traced_requests else 1
+
+
+def report_core(args: argparse.Namespace) -> int:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    with tempfile.TemporaryDirectory(prefix="trace_core_") as tmp:
+        pairs = asyncio.run(core_cost(Path(tmp), args.core_requests, max(args.rounds, 3)))
+    off = statistics.median(p[0] for p in pairs)
+    on = statistics.median(p[1] for p in pairs)
+    extra = statistics.median(p[1] - p[0] for p in pairs)
+    print(
+        f"\ncore alone (InferenceService.infer in-process, add_sub, c=1, {len(pairs)} rounds of "
+        f"{args.core_requests}): CPU of the serving process per request: off {off:.1f} us, "
+        f"on {on:.1f} us, tracing adds {extra:.1f} us ({on / off:.3f}x)"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -294,7 +294,7 @@ def _infer_case(draw: st.DrawFn) -> HttpCase:
     elif shape == 3:  # compressed, maybe not really
         enc = draw(st.sampled_from(["gzip", "deflate", "br", "identity"]))
         if draw(st.booleans()):
-            body = gzip.compress(body)
+            body = gzip.compress(body, mtime=0)  # no timestamp: the same bytes every run
         headers.append(("Content-Encoding", enc))
         what += f"+{enc}"
     return HttpCase("POST", path, tuple(headers), body, what)
@@ -463,7 +463,7 @@ def _grpc_infer(draw: st.DrawFn) -> GrpcCase:
         msg.outputs.append(out)
     for key in draw(st.lists(_PARAM_KEYS, max_size=2, unique=True)):
         draw(_param(msg.parameters, key))
-    payload = msg.SerializeToString()
+    payload = msg.SerializeToString(deterministic=True)
     what = "message"
     corrupt = draw(st.integers(0, 6))
     if corrupt == 0 and payload:
@@ -498,7 +498,7 @@ def _grpc_other(draw: st.DrawFn) -> GrpcCase:
         name=draw(st.sampled_from([*FUZZ_MODELS, "", "a/b"])),
         version=draw(st.sampled_from(["", "1", "x", "-7", "99999999999999999999"])),
     )
-    payload = m.SerializeToString()
+    payload = m.SerializeToString(deterministic=True)
     if draw(st.booleans()):
         payload = draw(st.binary(max_size=24))
     return GrpcCase(method, payload, "other")
@@ -576,7 +576,9 @@ def _vary_grpc(case: GrpcCase, rnd: random.Random) -> GrpcCase:
                 del msg.raw_input_contents[rnd.randrange(len(msg.raw_input_contents))]
             else:
                 msg.inputs.add(name=rnd.choice(["INPUT0", "INPUT1", "X"]), datatype="FP32")
-            return GrpcCase(case.method, msg.SerializeToString(), case.what + "+field")
+            return GrpcCase(
+                case.method, msg.SerializeToString(deterministic=True), case.what + "+field"
+            )
     return GrpcCase(case.method, _vary_bytes(case.payload, rnd), case.what + "+bytes")
 
 

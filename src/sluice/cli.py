@@ -96,7 +96,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         type=_nonneg_int,
         default=64 << 10,
         metavar="BYTES",
-        help="sluice's: the most bytes of an HTTP request line and headers (default 64 KiB); "
+        help="sluice's: the most bytes of an HTTP request line and headers (default 64 KiB; "
+        "0 = no limit); "
         "a larger head is answered 431",
     )
     p.add_argument("--grpc-address", default="0.0.0.0")
@@ -361,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .lint.cli import add_repo_commands
 
     add_repo_commands(sub.add_parser("repo", help="model repository tools: repo lint PATH"))
+    from .keys import add_keys_parser
+
+    add_keys_parser(sub)
     return parser
 
 
@@ -507,6 +511,10 @@ def main(argv: list[str] | None = None) -> int:
         from .lint.cli import run_repo
 
         return run_repo(ns)
+    if ns.command == "keys":
+        from .keys import run_keys
+
+        return run_keys(ns)
     parser.error(f"unknown command {ns.command}")
     return 2
 

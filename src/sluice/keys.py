@@ -6,10 +6,12 @@ The file holds one key per line, never the key itself::
     9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08  inference  ci-runner
     sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752  admin  ops
 
-Roles: ``inference`` may use health, metadata, inference and statistics; ``admin`` every API.
+Roles: ``inference`` may use health, metadata, model-config (read only), inference and
+statistics; ``admin`` every API.
 A presented key is hashed and compared with every stored hash in constant time
 (``hmac.compare_digest``, no early exit), so neither the key nor its position leaks through
-timing. ``sluice keys new --role R --name N`` prints a fresh key and its line.
+timing. ``sluice keys new --role R --name N`` prints a fresh key (stdout, once) and the line
+to add to the file (stderr); ``sluice keys hash --role R --name N`` reads a key from stdin.
 
 Usage::
 
@@ -19,16 +21,29 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ROLES", "ApiKey", "KeyRing", "KeyFileError", "hash_key", "new_key"]
+__all__ = [
+    "ROLES",
+    "ApiKey",
+    "KeyRing",
+    "KeyFileError",
+    "hash_key",
+    "new_key",
+    "add_keys_parser",
+    "run_keys",
+]
 
 ROLES: dict[str, frozenset[str]] = {
-    "inference": frozenset({"health", "metadata", "inference", "statistics"}),
+    # model-config (read only) too: perf_analyzer and most clients read the config first
+    "inference": frozenset({"health", "metadata", "model-config", "inference", "statistics"}),
     "admin": frozenset(
         {
             "health",
@@ -118,3 +133,33 @@ class KeyRing:
             if hmac.compare_digest(digest, key.digest):
                 found = key
         return found
+
+
+def add_keys_parser(sub: Any) -> None:
+    """``sluice keys new|hash --role R --name N``."""
+    keys = sub.add_parser("keys", help="make API keys and their --api-keys-file lines")
+    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="COMMAND")
+    for name, text in (
+        ("new", "a fresh random key (stdout) and its file line (stderr)"),
+        ("hash", "the file line of the key read from stdin"),
+    ):
+        p = ksub.add_parser(name, help=text)
+        p.add_argument("--role", choices=sorted(ROLES), required=True)
+        p.add_argument("--name", required=True)
+
+
+def run_keys(ns: argparse.Namespace) -> int:
+    if any(c.isspace() for c in ns.name) or not ns.name:
+        print("error: --name must be one word", file=sys.stderr)
+        return 2
+    if ns.keys_command == "new":
+        key = new_key()
+        print(key)
+    else:
+        key = sys.stdin.readline().strip()
+        if not key:
+            print("error: no key on stdin", file=sys.stderr)
+            return 2
+    line = f"{hash_key(key)} {ns.role} {ns.name}"
+    print(line, file=sys.stderr if ns.keys_command == "new" else sys.stdout)
+    return 0

@@ -175,7 +175,10 @@ def test_reload_under_load_loses_no_request(srv):
     for t in threads:
         t.start()
     try:
-        time.sleep(0.3)
+        wait_until(
+            lambda: len(results["http_ok"]) >= 3 and len(results["grpc_ok"]) >= 3,
+            what="traffic on both protocols",
+        )
         t0 = time.monotonic()
         new = _cfg(
             "slow_init", max_batch_size=4, parameters={"init_sleep_s": {"string_value": "2"}}
@@ -187,7 +190,11 @@ def test_reload_under_load_loses_no_request(srv):
             timeout=60,
         )
         t1 = time.monotonic()
-        time.sleep(0.3)
+        n = len(results["http_ok"]) + len(results["grpc_ok"])
+        wait_until(
+            lambda: len(results["http_ok"]) + len(results["grpc_ok"]) >= n + 6,
+            what="traffic after the swap",
+        )
     finally:
         stop.set()
         for t in threads:

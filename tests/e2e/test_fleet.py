@@ -14,6 +14,7 @@ replica's own statistics; nothing waits on wall-clock time but the bounded waits
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -32,7 +33,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, ServerProcess, free_port
+from tests.conftest import ROOT, ServerProcess, free_port, server_launcher
 from tests.e2e.helpers import index_entries, request, wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -227,15 +228,11 @@ def _served(srv: ServerProcess) -> int:
     code, raw = request(srv, "GET", f"/v2/models/{MODEL}/stats")
     if code != 200:
         return 0
-    import json
-
     return sum(s["inference_stats"]["success"]["count"] for s in json.loads(raw)["model_stats"])
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    from tests.conftest import server_launcher
-
     repo = tmp_path / "repo"
     repo.mkdir()
     _write_version(repo, 1)
@@ -331,5 +328,5 @@ def test_fleet_behind_nginx(fleet: dict[str, Any]) -> None:
     finally:
         load.close()
     assert load.ok > 300
-    # nginx moved on without a failure of its own reaching a client
+    # nginx itself ran without a fatal error
     assert "[emerg]" not in nginx.log(), nginx.log()[-2000:]

@@ -170,6 +170,7 @@ def _http_problem(status: int, body: bytes) -> str | None:
     return None
 
 
+@pytest.mark.timeout(300)
 def test_http_fuzz(server: Any) -> None:
     pid = server.proc.pid
     _add_sub_ok_http(server)
@@ -214,6 +215,7 @@ def _grpc_problem(code: grpc.StatusCode, details: str) -> str | None:
     return None
 
 
+@pytest.mark.timeout(300)
 def test_grpc_fuzz(server: Any) -> None:
     pid = server.proc.pid
     _add_sub_ok_grpc(server)
@@ -259,6 +261,54 @@ def test_grpc_fuzz(server: Any) -> None:
     _add_sub_ok_grpc(server)
     _add_sub_ok_http(server)
     assert server.proc.poll() is None
+
+
+STREAM_MESSAGES = 50  # per stream; every one must be answered and the stream end OK
+
+
+@pytest.mark.timeout(300)
+def test_grpc_stream_fuzz(server: Any) -> None:
+    """ModelStreamInfer: malformed messages on open streams. Each message gets exactly one
+    answer (``error_message`` or a response: no model here is decoupled), the stream stays
+    open for the next and ends with OK."""
+    counts: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    problems: list[str] = []
+    sent = 0
+    n = max(STREAM_MESSAGES, COUNT // 5)
+    with grpc.insecure_channel(server.grpc) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        parse = grpcclient.service_pb2.ModelStreamInferResponse.FromString
+
+        @_fuzz_settings(n)
+        @given(
+            st.lists(grpc_cases(), min_size=DRAWN, max_size=DRAWN),
+            st.randoms(use_true_random=False),
+        )
+        def run(drawn: list[GrpcCase], rnd: random.Random) -> None:
+            nonlocal sent
+            cases = [c for c in expand(drawn, rnd, BATCH) if c.method == "ModelInfer"]
+            call = stream(iter([c.payload for c in cases]), timeout=120)
+            answers = [parse(raw) for raw in call]
+            if call.code() is not grpc.StatusCode.OK or len(answers) != len(cases):
+                problems.append(
+                    f"stream ended {call.code()} {call.details()!r} after {len(answers)} "
+                    f"answers to {len(cases)} messages: {cases[:3]!r}"
+                )
+            for a in answers:
+                if a.error_message:
+                    counts["error_message"] += 1
+                    kinds[a.error_message.split(":")[0][:40]] += 1
+                    if len(a.error_message) < 12 or a.error_message.startswith("internal"):
+                        problems.append(f"generic stream error {a.error_message!r}")
+                else:
+                    counts["response"] += 1
+            sent += len(cases)
+
+        run()
+    print(f"\ngRPC stream fuzz: {sent} messages, {dict(counts)} {kinds.most_common(8)}")
+    assert not problems, "\n".join(problems[:20])
+    _add_sub_ok_grpc(server)
 
 
 # --------------------------------------------------------------------------- limits

@@ -226,7 +226,8 @@ def test_readiness_with_a_failed_model(
         timeout=30,
         what="startup loading done",
     )
-    time.sleep(0.3)
+    # start-up is over once the server says "failed to load model(s)"
+    wait_until(lambda: "failed to load model(s): init_fail" in srv.log(), what="start-up done")
     assert srv.get("/v2/health/ready")[0] == expect_http
     assert _grpc_ready(srv) is expect_grpc
     entry = index_entries(srv, "init_fail")[0]

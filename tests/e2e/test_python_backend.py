@@ -124,7 +124,7 @@ def test_killed_worker_fails_its_request_and_is_restarted(srv, protocol):
     t = threading.Thread(target=other_loop)
     t.start()
     try:
-        time.sleep(0.2)
+        wait_until(lambda: other_ok[0] >= 2, what="the other models serving")
         t0 = time.monotonic()
         if protocol == "http":
             code, out = infer_fp32(srv, "faulty", 666.0, timeout=30)
@@ -148,7 +148,8 @@ def test_killed_worker_fails_its_request_and_is_restarted(srv, protocol):
             interval=0.2,
             what="faulty served again",
         )
-        time.sleep(0.3)
+        ok = other_ok[0]  # and the other models kept serving after it
+        wait_until(lambda: other_ok[0] >= ok + 2, what="the other models still serving")
     finally:
         stop.set()
         t.join(30)

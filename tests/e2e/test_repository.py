@@ -93,7 +93,9 @@ def test_non_numeric_and_zero_prefixed_version_dirs_are_ignored_with_warning(rep
             f"Request for unknown model: 'vdefault' version {bogus} is not found"
         ), out
     code, out = infer_fp32(srv, "vdefault", 1.0, version="abc")
-    assert (code, out) == (404, {"error": "Not Found"})  # the route does not match, as Triton
+    # Triton: 404 "Not Found" (its route only matches digits); sluice names the version
+    assert code == 400, out
+    assert "'abc': a version is a non-negative integer (model 'vdefault')" in out["error"], out
     assert {e.get("version") for e in index_entries(srv, "vdefault")} == {"1"}
     log_lines = srv.log().splitlines()
     for bogus in ("010", "01", "abc"):

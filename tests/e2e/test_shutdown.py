@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.helpers import wait_until
 from tests.zoo import copy_example, sleep_model
 
 
@@ -79,7 +80,7 @@ def test_sigterm_drains_in_flight_and_refuses_new_work(repo: Path, start_server)
     t = _in_flight(srv, results)
     _wait_pending(srv)
     srv.proc.send_signal(15)
-    time.sleep(0.3)
+    wait_until(lambda: srv.get("/v2/health/ready")[0] == 400, interval=0.02, what="not ready")
     # readiness is off on both protocols at once
     assert srv.get("/v2/health/ready")[0] == 400
     assert srv.get("/v2/health/live")[0] == 200

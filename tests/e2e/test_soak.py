@@ -13,11 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "30"))
 
 
+@pytest.mark.timeout(300)
 def test_soak(tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
     out = subprocess.run(

@@ -114,8 +114,9 @@ def test_guard_order_and_roles(tmp_path: Path) -> None:
     hdr = {"authorization": "Bearer run"}
     assert guard.check_http("inference", hdr.get) == "runner"
     assert guard.check_http("health", {}.get) == ""  # probes need no key
+    assert guard.check_http("model-config", hdr.get) == "runner"  # read-only: perf tools
     with pytest.raises(AccessDenied) as exc:
-        guard.check_http("model-config", hdr.get)
+        guard.check_http("logging", hdr.get)
     assert exc.value.http_status == 403
     with pytest.raises(AccessDenied) as exc:  # the restriction first, as Triton
         guard.check_http("model-repository", {"authorization": "Bearer ops"}.get)

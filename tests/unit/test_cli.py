@@ -72,3 +72,29 @@ def test_missing_repository_is_one_clear_line(tmp_path):
     )
     assert r.returncode == 1
     assert "no such directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_port_zero_and_port_file():
+    c = parse_serve_args(
+        [
+            "--model-repository=/r",
+            "--http-port=0",
+            "--grpc-port=0",
+            "--metrics-port=0",
+            "--port-file=/tmp/ports.json",
+        ]
+    )
+    assert (c.http_port, c.grpc_port, c.metrics_port) == (0, 0, 0)
+    assert c.port_file == "/tmp/ports.json"
+    assert parse_serve_args(["--model-repository=/r"]).port_file == ""
+
+
+def test_write_port_file_is_whole_json(tmp_path):
+    import json
+
+    from sluice.server import write_port_file
+
+    path = tmp_path / "ports.json"
+    write_port_file(str(path), {"grpc": 1, "http": 2, "metrics": None})
+    assert json.loads(path.read_text()) == {"grpc": 1, "http": 2, "metrics": None}
+    assert [p.name for p in tmp_path.iterdir()] == ["ports.json"]  # no temporary left

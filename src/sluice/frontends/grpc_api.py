@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -402,6 +402,9 @@ async def stream_responses(
     running: set[asyncio.Task[Any]] = set()
 
     async def _one(msg: pb.ModelInferRequest) -> None:
+        if type(msg) is _Unparsable:
+            out.put_nowait(pb.ModelStreamInferResponse(error_message=str(msg.error)))
+            return
         async for response in handlers.stream(msg):
             out.put_nowait(response)
 
@@ -454,6 +457,8 @@ def _aio_unary(
 
     async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
         try:
+            if type(request) is _Unparsable:
+                raise request.error
             if policy is not None:
                 _aio_admit(policy, name, context, request)
             return await handler(request)
@@ -464,6 +469,53 @@ def _aio_unary(
 
     method.__name__ = name
     return method
+
+
+class _Unparsable:
+    """A request message protobuf could not parse (the aio edge): answered INVALID_ARGUMENT
+    by the method, where gRPC's own deserializer failure would be UNKNOWN."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def _lenient(cls: type[Message], method: str) -> Callable[[bytes], Any]:
+    parse = cls.FromString
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return _Unparsable(
+                InvalidArgument(
+                    f"cannot parse the {method} request message: it is not a valid "
+                    f"inference.{cls.__name__} ({exc})"
+                )
+            )
+
+    return deserialize
+
+
+def _service_handler(frontend: GrpcFrontend) -> grpc.GenericRpcHandler:
+    """GRPCInferenceService on the aio edge, as ``add_GRPCInferenceServiceServicer_to_server``
+    registers it but with request parsing that never raises (see ``_Unparsable``)."""
+    methods = {}
+    for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request_cls = getattr(pb, m.input_type.name)
+        response_cls = getattr(pb, m.output_type.name)
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if m.name == STREAM_METHOD
+            else grpc.unary_unary_rpc_method_handler
+        )
+        methods[m.name] = make(
+            getattr(frontend, m.name),
+            request_deserializer=_lenient(request_cls, m.name),
+            response_serializer=response_cls.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
 
 def _aio_bytes(
@@ -537,7 +589,7 @@ async def start_grpc_server(
         opts.extend(options)
     server = grpc.aio.server(options=opts)
     frontend = GrpcFrontend(service, handlers or GrpcHandlers(service, policy))
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
+    server.add_generic_rpc_handlers((_service_handler(frontend),))
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(

@@ -303,11 +303,17 @@ class HttpFrontend:
         address = f"{client[0]}:{client[1]}" if client else ""
         key = ""
         if policy.guard is not None:
-            headers: dict[str, str] = {}
-            for k, v in scope["headers"]:
-                headers[k.decode("latin-1")] = v.decode("latin-1")
+            raw_headers = scope["headers"]
+
+            def header(name: str) -> str | None:
+                want = name.encode("latin-1")
+                for k, v in raw_headers:
+                    if k == want:
+                        return str(v.decode("latin-1"))
+                return None
+
             try:
-                key = policy.guard.check_http(http_group(parts), headers.get)
+                key = policy.guard.check_http(http_group(parts), header)
             except AccessDenied as exc:
                 action = http_action(scope["method"], parts) if policy.audit else None
                 if policy.audit is not None and action is not None:

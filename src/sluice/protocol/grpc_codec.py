@@ -32,6 +32,7 @@ from .http_codec import (
     deserialize_bytes_tensor,
     serialize_bytes_tensor,
 )
+from .json_body import show
 
 __all__ = [
     "decode_infer_request",
@@ -141,7 +142,7 @@ def _typed_contents(name: str, datatype: str, tin: Any, count: int, model: str) 
         raise InvalidArgument(
             f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
             f"{count * size}, got {len(values) * size}: contents.{field} has {len(values)} "
-            f"elements but shape {list(tin.shape)} requires {count}"
+            f"elements but shape {show(list(tin.shape))} requires {count}"
         )
     if datatype == "BYTES":
         arr = np.empty(count, dtype=_OBJECT)
@@ -305,7 +306,7 @@ def decode_infer_request(
         for d in shape:
             if d < 0:
                 raise InvalidArgument(
-                    f"input '{name}': 'shape' must hold non-negative integers, got {list(shape)}"
+                    f"input '{name}': 'shape' must hold non-negative integers, got {show(list(shape))}"
                 )
         count = math.prod(shape)
         if not count and shape:
@@ -339,7 +340,7 @@ def decode_infer_request(
                     raise InvalidArgument(
                         f"input byte size mismatch for input '{name}' for model '{model}'. "
                         f"Expected {expect}, got {len(raw)}: raw_input_contents[{next_raw - 1}] "
-                        f"holds {len(raw)} bytes but shape {list(shape)} of {datatype} requires "
+                        f"holds {len(raw)} bytes but shape {show(list(shape))} of {datatype} requires "
                         f"{expect}"
                     )
                 arr = np.frombuffer(raw, dt) if count else np.empty(0, dt)

@@ -159,7 +159,7 @@ def _json_tensor(
     if len(data) != count:
         raise _bad(
             f"Unable to parse 'data': Shape does not match true shape of 'data' field: "
-            f"input '{name}': 'data' has {len(data)} elements but shape {list(shape)} "
+            f"input '{name}': 'data' has {len(data)} elements but shape {show(list(shape))} "
             f"requires {count}"
         )
     allowed = _JSON_TYPES[datatype]
@@ -304,7 +304,7 @@ def decode_infer_request(
                     raise _bad(
                         f"input byte size mismatch for input '{name}' for model '{model_name}'. "
                         f"Expected {count * dt.itemsize}, got {size}: parameters.binary_data_size "
-                        f"is {size} bytes but shape {shape} of {datatype} requires "
+                        f"is {size} bytes but shape {show(shape)} of {datatype} requires "
                         f"{count * dt.itemsize}"
                     )
                 if count:

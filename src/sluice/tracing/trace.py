@@ -6,7 +6,8 @@ Rules of this file:
   request path checks ``request.trace is not None`` and does nothing more.
 - Timestamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC, the steady clock Triton writes.
 - A trace tree is complete when its front-end has sent the answer (``finish``) and every child
-  has ended (``end``, REQUEST_END); then it goes to the tracer's sink, once.
+  has ended (``end``, REQUEST_END); then it goes to the tracer's sink, once, which unlinks
+  the tree (``unlink``) so that reference counting frees it.
 - Nothing here raises into the request path: the sinks catch and log their own failures.
 """
 
@@ -58,7 +59,7 @@ class Trace:
     __slots__ = (
         "id",
         "parent_id",
-        "root",
+        "_root",
         "setting",
         "tracer",
         "model_name",
@@ -79,7 +80,9 @@ class Trace:
         self.tracer = tracer
         self.setting = setting
         self.parent_id = 0 if parent is None else parent.id
-        self.root: Trace = self if parent is None else parent.root
+        # the tree's first trace (None: this one; no self-reference, so that a finished
+        # trace is freed by reference counting, not left to the cyclic collector)
+        self._root: Trace | None = None if parent is None else parent.root
         self.model_name = ""
         self.model_version = -1  # unknown until serving resolves the version
         self.request_id = ""
@@ -92,6 +95,10 @@ class Trace:
         self.children: list[Trace] = []
         self._open = 1  # root: the front-end's answer; each child adds one until it ends
         self._done = False
+
+    @property
+    def root(self) -> Trace:
+        return self._root or self
 
     # ---------------------------------------------------------------- recording
     def stamp(self, name: str, ns: int = 0) -> None:
@@ -132,12 +139,12 @@ class Trace:
     def end(self) -> None:
         """REQUEST_END: the serving path released the request."""
         self.stamps.append((_now(), "REQUEST_END"))
-        if self.root is not self:
+        if self._root is not None:
             self._release()
 
     def finish(self) -> None:
         """The front-end is done with the request (its answer was sent, or it failed)."""
-        if self.root is self:
+        if self._root is None:
             self._release()
 
     def _release(self) -> None:
@@ -146,6 +153,13 @@ class Trace:
         if root._open == 0 and not root._done:
             root._done = True
             root.tracer.finished(root)
+
+    def unlink(self) -> None:
+        """Drop the links between the traces of a collected tree (children -> parent)."""
+        for kid in self.children:
+            kid.unlink()
+            kid._root = None
+        self.children = []
 
     def walk(self) -> list[Trace]:
         """This trace and its descendants, by id."""

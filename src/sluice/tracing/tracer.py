@@ -143,9 +143,9 @@ class Tracer:
     def collect(self, root: Trace) -> None:
         """A finished trace tree: to OpenTelemetry, or into its setting's file stream."""
         setting = root.setting
-        if root.model_version < 0:
-            return  # the request never reached a model (unknown model): Triton writes none
         try:
+            if root.model_version < 0:
+                return  # the request never reached a model (unknown model): Triton writes none
             if self._otel is not None:
                 self._otel.export(root)
                 return
@@ -162,6 +162,8 @@ class Tracer:
                 self._save(setting, indexed=setting.log_frequency != 0)
         except Exception:  # a trace must never fail a request
             log.exception("writing trace %d failed", root.id)
+        finally:
+            root.unlink()
 
     def _save(self, setting: TraceSetting, indexed: bool) -> None:
         stream, setting.stream = setting.stream, []
