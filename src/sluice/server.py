@@ -165,9 +165,14 @@ class Server:
         # load of a restored model changes nothing)
         failed = await state.restore(recorded) if state is not None and recorded else []
         failed += [n for n in await self.manager.startup() if n not in failed]
+        # recorded before the server turns ready (a probe that sees READY finds the file);
+        # not when this start is about to exit: the record of the last good start stays
+        if not (failed and self.config.exit_on_error):
+            await self.service.control_state_changed()
         if self.config.allow_grpc and self.config.traffic_follows_readiness:
             await self._start_grpc()  # gRPC listens only now (a proxy's connect failed so far)
             self._announce()
+        self.manager.startup_done = True
         if failed:
             log.error("failed to load model(s): %s", ", ".join(failed))
             if self.config.exit_on_error:
@@ -177,7 +182,6 @@ class Server:
                 )
                 await self.shutdown()
                 return 1
-        await self.service.control_state_changed()
         await self._stop.wait()
         return await self.shutdown()
 

@@ -80,7 +80,8 @@ def test_not_ready_refuses_and_grpc_follows_readiness(start_server, tmp_path: Pa
     calls = [threading.Thread(target=slow, args=(v,)) for v in (5.0, 6.0)]
     for t in calls:
         t.start()
-    wait_until(lambda: _pending(srv, "sleep") >= 1, what="two calls in flight")
+    # the gauge counts a request from its arrival until its answer (queued or executing)
+    wait_until(lambda: _pending(srv, "sleep") >= 2, what="two calls in flight")
     srv.proc.send_signal(15)
     wait_until(lambda: not _listens(ports[1]), what="gRPC closed at SIGTERM")
     for t in calls:

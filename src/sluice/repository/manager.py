@@ -60,7 +60,8 @@ def load_failure(name: str, exc: ServerError, what: str = "") -> ServerError:
     """``exc`` with its message led by Triton's phrase "failed to load '<name>'" (clients
     and Triton's own examples match on it), the precise cause after it; same status."""
     prefix = f"failed to load '{name}'"
-    if not exc.message.startswith(prefix):
+    # an instance that failed to start already carries Triton's phrase for that case
+    if not exc.message.startswith((prefix, f"load failed for model '{name}'")):
         exc.message = f"{prefix}{what}: {exc.message}"
         exc.args = (exc.message,)
     return exc
@@ -209,7 +210,8 @@ class ModelManager:
 
     # ------------------------------------------------------------------ start
     async def startup(self) -> list[str]:
-        """Load what the control mode says; returns the names that failed."""
+        """Load what the control mode says; returns the names that failed. The server
+        sets ``startup_done`` (readiness) once it has also recorded the control state."""
         mode = self.config.control_mode
         if mode == ControlMode.EXPLICIT:
             names = list(self.config.load_models)
@@ -223,7 +225,6 @@ class ModelManager:
         results = await asyncio.gather(*(self._startup_load(n) for n in plain))
         results += await asyncio.gather(*(self._startup_load(n) for n in ensembles))
         names = plain + ensembles
-        self.startup_done = True
         if mode == ControlMode.POLL:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll_loop())
         return [n for n, ok in zip(names, results, strict=True) if not ok]

@@ -204,7 +204,13 @@ class _Worker:
                 self._finalize()
                 return
             if type(msg) is Execute:
-                send(self._execute(msg))
+                reply = self._execute(msg)
+                try:
+                    send(reply)
+                except OSError:  # BrokenPipeError: the server died while this one ran
+                    self.orphaned = True
+                    self._finalize()
+                    return
             elif type(msg) is Stop:
                 self._finalize()
                 send(Stopped(msg.id))
