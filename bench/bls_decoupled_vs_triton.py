@@ -191,11 +191,15 @@ def main() -> int:
                 s.stop()
     print("\nmodel         proto  conc | sluice req/s | triton req/s | sluice/triton (median)")
     for (model, proto, c), pairs in results.items():
-        sl = statistics.median(a for a, _ in pairs)
-        tr = statistics.median(b for _, b in pairs)
-        ratios = [a / b for a, b in pairs if b]
-        ratio = f"{statistics.median(ratios):.2f}x" if ratios else "n/a"
-        print(f"{model:<13} {proto:<5} {c:>5} | {sl:>12.0f} | {tr:>12.0f} | {ratio}")
+        ok = [(a, b) for a, b in pairs if a and b]  # a failed perf_analyzer run pairs nothing
+        if not ok:
+            print(f"{model:<13} {proto:<5} {c:>5} | no round where both servers measured")
+            continue
+        sl = statistics.median(a for a, _ in ok)
+        tr = statistics.median(b for _, b in ok)
+        ratio = f"{statistics.median(a / b for a, b in ok):.2f}x"
+        rounds = "" if len(ok) == len(pairs) else f" ({len(ok)} of {len(pairs)} rounds)"
+        print(f"{model:<13} {proto:<5} {c:>5} | {sl:>12.0f} | {tr:>12.0f} | {ratio}{rounds}")
     return 0
 
 
