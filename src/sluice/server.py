@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .access import build_policy
@@ -70,37 +71,29 @@ class Server:
         from .frontends.grpc_api import start_grpc_server
 
         cfg = self.config
-        options = list(cfg.grpc_channel_args)
         native = grpc_edge.native_edge()
+        start: Callable[..., Awaitable[tuple[Any, int]]] = start_grpc_server
         if cfg.grpc_edge == GrpcEdge.AIO:
-            why = "--grpc-edge=aio"
+            edge = "grpc.aio (--grpc-edge=aio)"
         elif native is None:
             if cfg.grpc_edge == GrpcEdge.NATIVE:
                 raise ServerError(
                     f"--grpc-edge=native: the native gRPC edge is not available: "
                     f"{grpc_edge.IMPORT_ERROR}"
                 )
-            why = f"native edge not available: {grpc_edge.IMPORT_ERROR}"
+            edge = f"grpc.aio (native edge not available: {grpc_edge.IMPORT_ERROR})"
         else:
-            self._grpc, self.grpc_port = await grpc_edge.start_native_grpc_server(
-                self.service,
-                cfg.grpc_address,
-                cfg.grpc_port,
-                options=options,
-                tls=cfg.grpc_tls,
-                policy=self.policy,
-            )
-            log.info("gRPC edge: native (%s, --grpc-edge=%s)", native, cfg.grpc_edge)
-            return
-        self._grpc, self.grpc_port = await start_grpc_server(
+            start = grpc_edge.start_native_grpc_server
+            edge = f"native ({native}, --grpc-edge={cfg.grpc_edge})"
+        self._grpc, self.grpc_port = await start(
             self.service,
             cfg.grpc_address,
             cfg.grpc_port,
-            options=options,
+            options=list(cfg.grpc_channel_args),
             tls=cfg.grpc_tls,
             policy=self.policy,
         )
-        log.info("gRPC edge: grpc.aio (%s)", why)
+        log.info("gRPC edge: %s", edge)
 
     async def _start_frontends(self) -> None:
         from .frontends.grpc_edge import tune_malloc

@@ -451,11 +451,12 @@ def _aio_admit(
 
 
 def _aio_unary(
-    name: str, handler: _UnaryHandler, policy: Policy | None = None
-) -> Callable[..., Awaitable[Message]]:
-    """The aio edge's error mapping, once: any exception -> ``grpc_error`` -> abort."""
+    name: str, handler: Callable[[Any], Awaitable[Any]], policy: Policy | None = None
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """The aio edge's error mapping, once: any exception -> ``grpc_error`` -> abort. Also
+    serves the ``OPERATIONS_SERVICE`` methods (bytes in, bytes out)."""
 
-    async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
+    async def method(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             if type(request) is _Unparsable:
                 raise request.error
@@ -518,24 +519,6 @@ def _service_handler(frontend: GrpcFrontend) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
 
-def _aio_bytes(
-    name: str, handler: Callable[[bytes], Awaitable[bytes]], policy: Policy | None = None
-) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
-    """An ``OPERATIONS_SERVICE`` method on the aio edge (no (de)serializers: bytes as sent)."""
-
-    async def method(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        try:
-            if policy is not None:
-                _aio_admit(policy, name, context, request)
-            return await handler(request)
-        except Exception as exc:
-            code, message = grpc_error(exc, name)
-            await context.abort(code, message)
-            raise  # unreachable: abort raises
-
-    return method
-
-
 class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
     """The ``grpc.aio`` servicer: every method delegates to ``GrpcHandlers``."""
 
@@ -544,7 +527,7 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         self.handlers = handlers or GrpcHandlers(service)
         policy = self.handlers.policy
         for name, (_, handler) in unary_methods(self.handlers).items():
-            setattr(self, name, _aio_unary(name, handler, policy).__get__(self))
+            setattr(self, name, _aio_unary(name, handler, policy))  # an instance attribute
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -596,7 +579,7 @@ async def start_grpc_server(
                 OPERATIONS_SERVICE,
                 {
                     name: grpc.unary_unary_rpc_method_handler(
-                        _aio_bytes(name, handler, frontend.handlers.policy)
+                        _aio_unary(name, handler, frontend.handlers.policy)
                     )
                     for name, handler in operation_methods(frontend.handlers).items()
                 },

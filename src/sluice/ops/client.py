@@ -20,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 __all__ = [
+    "add_server_flags",
     "api_key_option",
     "OpsError",
     "ServerSaid",
@@ -62,6 +64,24 @@ class CannotConnect(OpsError):
 
 class UsageError(OpsError):
     exit_code = 2
+
+
+def add_server_flags(p: argparse.ArgumentParser, key: str = "") -> None:
+    """``-u/--url`` and ``--api-key``, as every operator command spells them; ``key`` says
+    which key the command needs (e.g. "an admin key, ")."""
+    p.add_argument(
+        "-u",
+        "--url",
+        default=None,
+        metavar="HOST:PORT",
+        help="the server's HTTP endpoint (default localhost:8000)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"{key}sent as 'Authorization: Bearer KEY' (default $SLUICE_API_KEY)",
+    )
 
 
 def parse_url(url: str | None) -> str:

@@ -24,26 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .client import OpsClient, OpsError, UsageError, api_key_option
+from .client import OpsClient, OpsError, UsageError, add_server_flags, api_key_option
 from .table import render
 
 __all__ = ["add_model_parser", "run_model", "config_to_pbtxt", "read_config_file"]
 
 
 def _common(p: argparse.ArgumentParser, fmt: bool = True) -> None:
-    p.add_argument(
-        "-u",
-        "--url",
-        default=None,
-        metavar="HOST:PORT",
-        help="the server's HTTP endpoint (default localhost:8000)",
-    )
-    p.add_argument(
-        "--api-key",
-        default=None,
-        metavar="KEY",
-        help="sent as 'Authorization: Bearer KEY' (default $SLUICE_API_KEY)",
-    )
+    add_server_flags(p)
     if fmt:
         p.add_argument(
             "--format", choices=["table", "json"], default="table", help="output (default table)"

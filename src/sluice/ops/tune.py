@@ -49,7 +49,14 @@ from ..perf.workload import (
     encode_payloads,
     fetch_model,
 )
-from .client import OpsClient, OpsError, ServerSaid, UsageError, api_key_option
+from .client import (
+    OpsClient,
+    OpsError,
+    ServerSaid,
+    UsageError,
+    add_server_flags,
+    api_key_option,
+)
 from .model_cmd import config_to_pbtxt
 from .table import render
 
@@ -390,19 +397,7 @@ def add_tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-x", "--model-version", dest="version", default="", help="version the sweep sends to"
     )
-    p.add_argument(
-        "-u",
-        "--url",
-        default=None,
-        metavar="HOST:PORT",
-        help="the server's HTTP endpoint (default localhost:8000)",
-    )
-    p.add_argument(
-        "--api-key",
-        default=None,
-        metavar="KEY",
-        help="an admin key, sent as 'Authorization: Bearer KEY' (default $SLUICE_API_KEY)",
-    )
+    add_server_flags(p, key="an admin key, ")
     p.add_argument(
         "--latency-budget-ms", type=float, required=True, metavar="MS", help="the p99 target"
     )

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InvalidArgument
+
 __all__ = [
     "KSERVE_TO_NUMPY",
     "NUMPY_TO_KSERVE",
     "config_to_kserve",
     "numpy_to_kserve",
+    "tensor_datatype",
     "kserve_to_numpy",
 ]
 
@@ -43,6 +46,15 @@ def numpy_to_kserve(dtype: np.dtype) -> str | None:
     if dtype.kind in _BYTES_KINDS:
         return "BYTES"
     return NUMPY_TO_KSERVE.get(dtype)
+
+
+def tensor_datatype(kind: str, name: str, arr: np.ndarray, given: str | None) -> str:
+    """The KServe datatype a tensor goes out with: ``given`` (what the model or client said),
+    else its numpy dtype's; ``kind`` ('input'/'output') names it in the error."""
+    datatype = given or numpy_to_kserve(arr.dtype)
+    if datatype is None:
+        raise InvalidArgument(f"{kind} '{name}': numpy dtype {arr.dtype} has no KServe datatype")
+    return datatype
 
 
 def kserve_to_numpy(datatype: str) -> np.dtype | None:

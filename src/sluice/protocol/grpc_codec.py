@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
-from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
+from .datatypes import KSERVE_TO_NUMPY, tensor_datatype
 from .http_codec import (
     as_wire_dtype,
     check_empty_shape,
@@ -414,11 +414,7 @@ def _output_tensors(
     arrays = []
     for name in names:
         arr = outs[name]
-        datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
-        if datatype is None:
-            raise InvalidArgument(
-                f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
-            )
+        datatype = tensor_datatype("output", name, arr, dtypes.get(name))
         tensors.append(_OutTensor(name=name, datatype=datatype, shape=arr.shape))
         arrays.append((datatype, arr))
     return tensors, arrays
@@ -473,11 +469,7 @@ def encode_infer_response_parts(
     shm = _in_shm(request)
     for name in names:
         arr = outs[name]
-        datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
-        if datatype is None:
-            raise InvalidArgument(
-                f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
-            )
+        datatype = tensor_datatype("output", name, arr, dtypes.get(name))
         head.append(_output_field(name, datatype, arr.shape))
         raws.append(b"" if name in shm else _raw_view(datatype, arr))
     parts: list[bytes | memoryview] = [b"".join(head)]
@@ -546,9 +538,7 @@ def encode_infer_request(
     msg = pb.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
     Tensor = pb.ModelInferRequest.InferInputTensor
     for name, arr in inputs.items():
-        datatype = (datatypes or {}).get(name) or numpy_to_kserve(arr.dtype)
-        if datatype is None:
-            raise InvalidArgument(f"input '{name}': numpy dtype {arr.dtype} has no KServe datatype")
+        datatype = tensor_datatype("input", name, arr, (datatypes or {}).get(name))
         msg.inputs.append(Tensor(name=name, datatype=datatype, shape=arr.shape))
         msg.raw_input_contents.append(_raw(datatype, arr))
     for o in outputs or ():

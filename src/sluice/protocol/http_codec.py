@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
 from . import bytes_tensor
-from .datatypes import KSERVE_TO_NUMPY, numpy_to_kserve
+from .datatypes import KSERVE_TO_NUMPY, tensor_datatype
 from .json_body import show, too_deep
 
 __all__ = [
@@ -416,11 +416,7 @@ def encode_infer_response(
     first = True
     for name, spec in selected:
         arr = outs[name]
-        datatype = dtypes.get(name) or numpy_to_kserve(arr.dtype)
-        if datatype is None:
-            raise InvalidArgument(
-                f"output '{name}': numpy dtype {arr.dtype} has no KServe datatype"
-            )
+        datatype = tensor_datatype("output", name, arr, dtypes.get(name))
         binary = default_binary
         if spec is not None:
             flag = spec.parameters.get("binary_data")
@@ -489,9 +485,7 @@ def encode_infer_request(
     docs: list[dict[str, Any]] = []
     tail: list[bytes | memoryview] = []
     for name, arr in inputs.items():
-        datatype = (datatypes or {}).get(name) or numpy_to_kserve(arr.dtype)
-        if datatype is None:
-            raise InvalidArgument(f"input '{name}': numpy dtype {arr.dtype} has no KServe datatype")
+        datatype = tensor_datatype("input", name, arr, (datatypes or {}).get(name))
         doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
             raw = _binary(datatype, arr)
