@@ -1,7 +1,7 @@
 """The soak (``bench/soak.py``), shortened for CI (issue 14, part 7).
 
 Mixed HTTP and gRPC load (tritonclient) with reloads, worker kills and bad requests, then
-SIGTERM with requests in flight; the script checks itself and writes its report. Here: ~30 s
+SIGTERM with requests in flight; the script checks itself and writes its report. Here: ~20 s
 of load (``SOAK_SECONDS`` overrides); by hand, the default is 10 minutes.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-SECONDS = float(os.environ.get("SOAK_SECONDS", "30"))
+SECONDS = float(os.environ.get("SOAK_SECONDS", "20"))
 
 
 @pytest.mark.timeout(300)
