@@ -80,6 +80,19 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def pending(srv: Any, model: str) -> int:
+    """The server's ``nv_inference_pending_request_count`` for ``model`` (every version): its
+    requests from arrival to answer, queued or executing."""
+    code, body = srv.get("/metrics", port=srv.metrics_port)
+    assert code == 200, body[:200]
+    prefix = f'nv_inference_pending_request_count{{model="{model}",'
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in body.decode().splitlines()
+        if line.startswith(prefix)
+    )
+
+
 def http_client(srv: Any, timeout: float = 30.0) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(
         srv.http, connection_timeout=timeout, network_timeout=timeout

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import wait_until
+from tests.e2e.helpers import pending, wait_until
 from tests.zoo import identity, sleep_model, write_model
 
 
@@ -32,17 +32,8 @@ def _stats(srv, model: str) -> dict:
         c.close()
 
 
-def _pending(srv, model: str) -> int:
-    """The server's nv_inference_pending_request_count (queued + executing) for ``model``."""
-    code, body = srv.get("/metrics", port=srv.metrics_port)
-    assert code == 200
-    pat = rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$'
-    m = re.search(pat, body.decode(), re.M)
-    return int(float(m.group(1))) if m else 0
-
-
 def _wait_pending(srv, model: str, n: int) -> None:
-    wait_until(lambda: _pending(srv, model) == n, interval=0.01, what=f"{n} pending on '{model}'")
+    wait_until(lambda: pending(srv, model) == n, interval=0.01, what=f"{n} pending on '{model}'")
 
 
 # A python model that sleeps INPUT0 milliseconds and answers [start, end] of its execute()

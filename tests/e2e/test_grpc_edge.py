@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from sluice.frontends.grpc_edge import native_edge
-from tests.e2e.helpers import grpc_client, grpc_fp32_inputs, grpc_status, wait_until
+from tests.e2e.helpers import grpc_client, grpc_fp32_inputs, grpc_status, pending, wait_until
 from tests.zoo import copy_example, identity, sleep_model
 
 pytestmark = pytest.mark.skipif(
@@ -67,15 +67,6 @@ def test_48mb_tensor_both_ways(srv):
     c.close()
 
 
-def _pending(srv, model: str) -> float:
-    """The server's nv_inference_pending_request_count (queued + executing) for ``model``."""
-    code, body = srv.get("/metrics", port=srv.metrics_port)
-    assert code == 200
-    key = f'nv_inference_pending_request_count{{model="{model}",version="1"}} '
-    line = next((ln for ln in body.decode().splitlines() if ln.startswith(key)), key + "0")
-    return float(line.split()[-1])
-
-
 def test_deadline_exceeded_and_the_request_leaves_the_queue(srv):
     c = grpc_client(srv)
     before = c.get_inference_statistics("slow", as_json=True)["model_stats"][0]
@@ -87,7 +78,7 @@ def test_deadline_exceeded_and_the_request_leaves_the_queue(srv):
     t = threading.Thread(target=first)
     t.start()
     # the first request is in the server (executing); the second one queues behind it
-    wait_until(lambda: _pending(srv, "slow") == 1, interval=0.02, what="the first in flight")
+    wait_until(lambda: pending(srv, "slow") == 1, interval=0.02, what="the first in flight")
     t0 = time.monotonic()
     with pytest.raises(InferenceServerException) as e:
         c.infer("slow", grpc_fp32_inputs(2.0), client_timeout=0.3)
@@ -97,7 +88,7 @@ def test_deadline_exceeded_and_the_request_leaves_the_queue(srv):
     assert float(box["r"].as_numpy("OUTPUT0")[0, 0]) == 1.0
     # nothing pending: had the cancelled second request stayed queued, it would have run
     # before the gauge reached 0, and the execution count would say 2
-    wait_until(lambda: _pending(srv, "slow") == 0, interval=0.02, what="the queue empty")
+    wait_until(lambda: pending(srv, "slow") == 0, interval=0.02, what="the queue empty")
     after = c.get_inference_statistics("slow", as_json=True)["model_stats"][0]
     assert int(after.get("execution_count", 0)) - int(before.get("execution_count", 0)) == 1
     c.close()
@@ -181,7 +172,7 @@ def test_sigterm_drains_a_grpc_call_in_flight_and_refuses_new_ones(tmp_path: Pat
 
     t = threading.Thread(target=first)
     t.start()
-    wait_until(lambda: _pending(srv, "slow") == 1, interval=0.02, what="the call in flight")
+    wait_until(lambda: pending(srv, "slow") == 1, interval=0.02, what="the call in flight")
     srv.proc.send_signal(15)
     # shutdown has begun once readiness is off (both protocols turn at once)
     wait_until(lambda: srv.get("/v2/health/ready")[0] == 400, interval=0.02, what="not ready")

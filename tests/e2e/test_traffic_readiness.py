@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import urllib.request
 from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
@@ -21,6 +20,7 @@ from tests.e2e.helpers import (
     grpc_fp32_inputs,
     index_entries,
     infer_fp32,
+    pending,
     post,
     wait_until,
 )
@@ -81,7 +81,7 @@ def test_not_ready_refuses_and_grpc_follows_readiness(start_server, tmp_path: Pa
     for t in calls:
         t.start()
     # the gauge counts a request from its arrival until its answer (queued or executing)
-    wait_until(lambda: _pending(srv, "sleep") >= 2, what="two calls in flight")
+    wait_until(lambda: pending(srv, "sleep") >= 2, what="two calls in flight")
     srv.proc.send_signal(15)
     wait_until(lambda: not _listens(ports[1]), what="gRPC closed at SIGTERM")
     for t in calls:
@@ -89,10 +89,3 @@ def test_not_ready_refuses_and_grpc_follows_readiness(start_server, tmp_path: Pa
     assert sorted(results) == [5.0, 6.0], results  # type: ignore[type-var]
     assert srv.proc.wait(30) == 0
     client.close()
-
-
-def _pending(srv: object, model: str) -> int:
-    with urllib.request.urlopen(f"http://{srv.metrics}/metrics", timeout=10) as r:  # type: ignore[attr-defined]
-        text = r.read().decode()
-    prefix = f'nv_inference_pending_request_count{{model="{model}"'
-    return sum(int(float(x.rsplit(" ", 1)[1])) for x in text.splitlines() if x.startswith(prefix))
