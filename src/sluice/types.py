@@ -54,6 +54,10 @@ class InferRequest:
     # The request's trace (``tracing.Trace``) when it was sampled; None (the rule) costs the
     # request path one test per stage
     trace: Any = None
+    # The message layout it was decoded from (``protocol.infer_layout.Layout``), where the
+    # codec knew one: requests of one layout share names, datatypes and shapes, so the
+    # serving path keeps its validation result there
+    signature: Any = None
 
 
 @dataclass(slots=True)

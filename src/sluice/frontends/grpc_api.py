@@ -140,18 +140,32 @@ class GrpcHandlers:
         response = await self.service.infer(req, protocol="ModelInfer RPC")
         return codec.encode_infer_response(response, req)
 
+    def read_model_infer(
+        self, payload: bytes | memoryview
+    ) -> InferRequest | tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None]:
+        """The native edge's parse of a ``ModelInfer`` message: decoded at once
+        (``codec.read_model_infer``: a repeated layout skips protobuf), or while tracing
+        is on, only split (``codec.parse_model_infer``) so that a trace times the decoding."""
+        if self.tracer.on:
+            return codec.parse_model_infer(payload)
+        return codec.read_model_infer(payload)
+
     async def model_infer_parts(
-        self, request: tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None]
+        self,
+        request: InferRequest | tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None],
     ) -> list[bytes | memoryview]:
         """``ModelInfer`` on the wire format (the native edge): the request as
-        ``codec.parse_model_infer`` splits it, the response serialized as parts whose
+        ``read_model_infer`` gives it, the response serialized as parts whose
         concatenation is the ModelInferResponse. Tensors are never copied by protobuf."""
-        msg, raws = request
-        if self.tracer.on:
-            trace = self.tracer.sample(msg.model_name)
-            if trace is not None:
-                return await self._traced(msg, raws, trace, codec.encode_infer_response_parts)
-        req = codec.decode_infer_request(msg, raws)
+        if isinstance(request, InferRequest):
+            req = request
+        else:
+            msg, raws = request
+            if self.tracer.on:
+                trace = self.tracer.sample(msg.model_name)
+                if trace is not None:
+                    return await self._traced(msg, raws, trace, codec.encode_infer_response_parts)
+            req = codec.decode_infer_request(msg, raws)
         response = await self.service.infer(req, protocol="ModelInfer RPC")
         return codec.encode_infer_response_parts(response, req)
 

@@ -25,6 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
+from . import infer_layout
 from .datatypes import KSERVE_TO_NUMPY, tensor_datatype
 from .http_codec import (
     as_wire_dtype,
@@ -38,6 +39,7 @@ __all__ = [
     "decode_infer_request",
     "encode_infer_response",
     "parse_model_infer",
+    "read_model_infer",
     "encode_infer_response_parts",
     "stream_response_parts",
     "encode_infer_request",
@@ -255,6 +257,20 @@ def parse_model_infer(
             head, raws = split
             return pb.ModelInferRequest.FromString(head), raws
     return pb.ModelInferRequest.FromString(payload), None
+
+
+def read_model_infer(payload: bytes | memoryview) -> InferRequest:
+    """A received ModelInferRequest, decoded: from a learned layout where it repeats one
+    (``infer_layout``: no protobuf, tensors as views or copies of ``payload`` as
+    ``parse_model_infer`` makes them), else parsed and decoded, and its layout learned.
+    Raises protobuf's ``DecodeError`` on a malformed message, ``InvalidArgument`` on a
+    client mistake."""
+    req = infer_layout.match(payload)
+    if req is None:
+        msg, raws = parse_model_infer(payload)
+        req = decode_infer_request(msg, raws)
+        infer_layout.learn(payload, msg, req)
+    return req
 
 
 def decode_infer_request(

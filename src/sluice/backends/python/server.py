@@ -66,6 +66,28 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _instance_serial = itertools.count(1)
 
 
+_last_params: tuple[dict[str, Any], tuple[tuple[str, type], ...], str] = ({}, (), "{}")
+
+
+def _params_json(params: dict[str, Any]) -> str:
+    """``params`` as JSON (``request.parameters()`` in the model); clients send the same
+    parameters request after request, so the last one's text is kept: equal values of the
+    same scalar types (True == 1, but they are written differently) cost a compare, not
+    a ``json.dumps``."""
+    global _last_params
+    last, types, text = _last_params
+    if params == last and all(type(params[k]) is t for k, t in types):
+        return text
+    text = json.dumps(params)
+    types = tuple((k, type(v)) for k, v in params.items())
+    if all(t in _SCALARS for _, t in types):  # a nested value may hide True vs 1
+        _last_params = (dict(params), types, text)
+    return text
+
+
+_SCALARS = frozenset((str, int, float, bool))
+
+
 def model_config_json(config: mc.ModelConfig) -> str:
     """Triton's JSON form of a model config (as given in ``args["model_config"]``)."""
     return json.dumps(config_to_json_dict(config))
@@ -245,7 +267,7 @@ class PythonInstance:
                     r.id,
                     refs[a:b],
                     tuple(o.name for o in outs) if outs else all_outputs,
-                    json.dumps(r.parameters) if r.parameters else "{}",
+                    _params_json(r.parameters) if r.parameters else "{}",
                 )
             )
         worker = self.worker

@@ -6,8 +6,10 @@ Rules of this file:
   asyncio loop through an eventfd; every wake-up drains all pending events.
 - Dispatch is by method path to the same ``GrpcHandlers`` the ``grpc.aio`` edge serves; an
   error is mapped once, here, with ``frontends.errors.grpc_error``.
-- Inference travels in the wire format: ``ModelInfer`` and ``ModelStreamInfer`` requests are
-  split by ``grpc_codec.parse_model_infer`` (tensors stay views of the received bytes) and
+- Inference travels in the wire format: ``ModelInfer`` requests are decoded by
+  ``grpc_codec.read_model_infer`` (a request that repeats a learned layout skips protobuf:
+  ``protocol/infer_layout.py``), ``ModelStreamInfer`` requests split by
+  ``grpc_codec.parse_model_infer`` (tensors stay views of the received bytes either way), and
   answered with a list of buffers that the extension concatenates into gRPC's slice (the
   one copy of each output tensor on its way out).
 - A call cancelled by its client, its deadline or shutdown is finished CANCELLED by the
@@ -150,7 +152,7 @@ class NativeGrpcServer:
         }
         self._unary[f"/{SERVICE_NAME}/ModelInfer"] = (
             "ModelInfer",
-            parse_model_infer,
+            handlers.read_model_infer,
             handlers.model_infer_parts,
             _as_is,
         )

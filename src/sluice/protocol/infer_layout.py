@@ -1,0 +1,204 @@
+"""Known layouts of ModelInferRequest messages: a request that repeats one is decoded
+without protobuf.
+
+A client sends the same message again and again with new tensor bytes: the same model,
+inputs, shapes, outputs and parameters, then the raw contents. Serialized in field order
+(as protobuf does: tritonclient, perf_analyzer), that is a fixed *head* (every field but
+``raw_input_contents``) followed by one length-delimited field per input whose key and
+length never change. A layout remembers that head, where each raw field's header sits and
+what it says, and what the decoded request looks like; a payload of the same size that
+starts with the head and has the same field headers at the same places is that message with
+new tensor bytes, so its request is built from the layout and views of the payload.
+
+Rules of this file:
+- Correct by construction, not by likelihood: a layout is learned only where the head
+  parses alone (protobuf) with no raw contents and the rest of the payload is exactly the
+  raw fields in order; a later payload matches only byte for byte outside the tensors.
+  Then protobuf would parse it as the head's fields plus those raw contents.
+- Learned only for plain requests: every input in raw_input_contents (no shared memory, no
+  ``contents``), fixed-size datatypes, no per-input or per-output parameters, no request
+  ``id`` and no ``sequence_id`` (those change per request: a layout would never repeat).
+- Bounded: at most ``MAX_LAYOUTS`` are kept; learning past that starts over.
+- The layout travels with the request (``InferRequest.signature``): the serving path keeps
+  its validation result there (``Layout.checked``), since a request with the same layout has
+  the same names, datatypes and shapes.
+
+Usage::
+
+    req = match(payload)           # None: not a known layout
+    if req is None:
+        msg, raws = parse_model_infer(payload)
+        req = decode_infer_request(msg, raws)
+        learn(payload, msg, req)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..types import InferRequest, OutputSpec
+
+__all__ = ["Layout", "match", "learn", "MAX_LAYOUTS"]
+
+MAX_LAYOUTS = 256
+_RAW_KEY = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
+_VIEW_MIN = 16 * 1024  # raw contents of larger payloads are views, not copies
+
+_frombuffer = np.frombuffer
+
+
+class Layout:
+    """One learned message layout and the request it decodes to."""
+
+    __slots__ = (
+        "size",
+        "head",
+        "fields",
+        "inputs",
+        "model_name",
+        "model_version",
+        "datatypes",
+        "outputs",
+        "parameters",
+        "checked",
+    )
+
+    def __init__(
+        self,
+        size: int,
+        head: bytes,
+        fields: tuple[tuple[int, bytes, int, int], ...],
+        inputs: tuple[tuple[str, np.dtype[Any], tuple[int, ...], bool], ...],
+        req: InferRequest,
+    ) -> None:
+        self.size = size
+        self.head = head
+        # per raw field: (header start, header bytes, data start, data end)
+        self.fields = fields
+        # per input, in raw order: (name, dtype, shape, reshape)
+        self.inputs = inputs
+        self.model_name = req.model_name
+        self.model_version = req.model_version
+        self.datatypes = dict(req.input_datatypes)
+        self.outputs = None if req.outputs is None else tuple(o.name for o in req.outputs)
+        self.parameters = dict(req.parameters)
+        # (serving version, batch size, shape key): check_request's answer for that version
+        self.checked: tuple[Any, int, tuple[Any, ...]] | None = None
+
+    def request(self, raws: list[Any]) -> InferRequest:
+        inputs: dict[str, np.ndarray] = {}
+        for (name, dtype, shape, reshape), raw in zip(self.inputs, raws, strict=True):
+            arr = _frombuffer(raw, dtype)
+            inputs[name] = arr.reshape(shape) if reshape else arr
+        outs = self.outputs
+        return InferRequest(
+            model_name=self.model_name,
+            model_version=self.model_version,
+            inputs=inputs,
+            input_datatypes=dict(self.datatypes),
+            outputs=None if outs is None else [OutputSpec(n) for n in outs],
+            parameters=dict(self.parameters),
+            signature=self,
+        )
+
+
+_LAYOUTS: dict[int, list[Layout]] = {}
+_count = 0
+
+
+def match(payload: bytes | memoryview) -> InferRequest | None:
+    """The request ``payload`` decodes to, where it has a learned layout; else None."""
+    candidates = _LAYOUTS.get(len(payload))
+    if candidates is None:
+        return None
+    if isinstance(payload, bytes):
+        for lay in candidates:
+            if not payload.startswith(lay.head):
+                continue
+            raws: list[Any] = []
+            for hstart, header, start, end in lay.fields:
+                if not payload.startswith(header, hstart):
+                    break
+                raws.append(payload[start:end])
+            else:
+                if lay.size >= _VIEW_MIN:  # views of the payload, not copies
+                    view = memoryview(payload)
+                    raws = [view[start:end] for _, _, start, end in lay.fields]
+                return lay.request(raws)
+        return None
+    for lay in candidates:  # a memoryview (the native edge's large messages)
+        if payload[: len(lay.head)] != lay.head:
+            continue
+        raws = []
+        for hstart, header, start, end in lay.fields:
+            if payload[hstart:start] != header:
+                break
+            raws.append(payload[start:end])
+        else:
+            return lay.request(raws)
+    return None
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
+    """Remember the layout of ``payload``, which ``msg`` (its parsed head, with or without
+    the raw contents) and ``req`` (its decoded request) describe, where it qualifies."""
+    global _count
+    if (
+        req.id
+        or req.shm_inputs
+        or req.shm_outputs
+        or "sequence_id" in req.parameters
+        or not req.inputs
+        or len(req.inputs) != len(msg.inputs)
+    ):
+        return
+    if req.outputs is not None and any(o.parameters for o in req.outputs):
+        return
+    specs = []
+    tail = []
+    for tin in msg.inputs:
+        if tin.parameters:
+            return
+        arr = req.inputs[tin.name]
+        if arr.dtype.kind not in "biuf" or not arr.size:
+            return
+        specs.append((tin.name, arr.dtype, tuple(arr.shape), arr.ndim != 1))
+        tail.append(arr.nbytes)
+    # the raw fields, in order, must be the whole end of the payload
+    size = len(payload)
+    pos = size - sum(1 + len(_varint(n)) + n for n in tail)
+    if pos <= 0:
+        return
+    fields = []
+    data = bytes(payload[:pos]) if isinstance(payload, memoryview) else payload
+    head = data[:pos]
+    for n in tail:
+        header = bytes([_RAW_KEY]) + _varint(n)
+        if bytes(payload[pos : pos + len(header)]) != header:
+            return
+        fields.append((pos, header, pos + len(header), pos + len(header) + n))
+        pos += len(header) + n
+    # the head alone must be whole fields without raw contents (then head + raw fields is
+    # exactly how protobuf reads every payload this layout matches)
+    try:
+        alone = type(msg).FromString(head)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError: the guess was wrong
+        return
+    if alone.raw_input_contents:
+        return
+    if _count >= MAX_LAYOUTS:
+        _LAYOUTS.clear()
+        _count = 0
+    _LAYOUTS.setdefault(size, []).append(Layout(size, head, tuple(fields), tuple(specs), req))
+    _count += 1
