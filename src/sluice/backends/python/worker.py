@@ -163,6 +163,8 @@ class _Worker:
         pb_utils._RUNTIME = self.runtime  # type: ignore[attr-defined]
         pb_utils.Logger._log = logging.getLogger(f"sluice.model.{setup.model_name}")
         self._aloop: Any = None  # an event loop for ``async def execute``, made on first use
+        self._checked_fn: Any = None  # the execute function last asked whether it is async
+        self._is_async = False
 
     def run(self) -> None:
         setup = self.setup
@@ -218,7 +220,11 @@ class _Worker:
 
     def _call_execute(self, requests: list[Any]) -> Any:
         execute = self.model.execute
-        if inspect.iscoroutinefunction(execute):
+        fn = getattr(execute, "__func__", execute)
+        if fn is not self._checked_fn:  # asked once per function, not per batch
+            self._checked_fn = fn
+            self._is_async = inspect.iscoroutinefunction(execute)
+        if self._is_async:
             if self._aloop is None:
                 import asyncio
 
