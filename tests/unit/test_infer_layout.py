@@ -10,6 +10,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from sluice.errors import InvalidArgument
 from sluice.protocol import grpc_codec as codec
+from sluice.protocol import http_codec as hc
 from sluice.protocol import infer_layout
 from sluice.types import InferRequest, OutputSpec
 
@@ -18,6 +19,8 @@ from sluice.types import InferRequest, OutputSpec
 def _fresh() -> None:
     infer_layout._LAYOUTS.clear()
     infer_layout._count = 0
+    infer_layout._HTTP.clear()
+    infer_layout._http_count = 0
 
 
 def _payload(a: np.ndarray, b: np.ndarray, *, model: str = "add_sub", **kw: object) -> bytes:
@@ -155,3 +158,48 @@ def test_the_number_of_layouts_is_bounded() -> None:
         codec.read_model_infer(_payload(a, a, model=f"m{i}"))
     assert infer_layout._count <= infer_layout.MAX_LAYOUTS
     assert sum(len(v) for v in infer_layout._LAYOUTS.values()) <= infer_layout.MAX_LAYOUTS
+
+
+# --------------------------------------------------------------------------- HTTP bodies
+def _body(a: np.ndarray, b: np.ndarray, *, request_id: str = "") -> tuple[bytes, int | None]:
+    body, hl = hc.encode_infer_request(
+        {"INPUT0": a, "INPUT1": b},
+        outputs=[OutputSpec("OUTPUT0", {"binary_data": True}), OutputSpec("OUTPUT1")],
+        request_id=request_id,
+        parameters={"priority": 1},
+    )
+    return body, hl
+
+
+def test_a_repeated_http_body_is_decoded_from_its_layout() -> None:
+    rng = np.random.default_rng(2)
+    body, hl = _body(rng.random((1, 4), np.float32), rng.random((1, 4), np.float32))
+    assert infer_layout.match_http(body, "add_sub", "", hl) is None
+    first = hc.read_infer_request(body, "add_sub", "", hl)
+    _same(first, hc.decode_infer_request(body, "add_sub", "", hl))
+    for _ in range(3):
+        body, hl = _body(rng.random((1, 4), np.float32), rng.random((1, 4), np.float32))
+        req = infer_layout.match_http(body, "add_sub", "", hl)
+        assert req is not None and req.signature is not None
+        want = hc.decode_infer_request(body, "add_sub", "", hl)
+        _same(req, want)
+        assert [o.parameters for o in req.outputs or ()] == [
+            o.parameters for o in want.outputs or ()
+        ]
+    # another model or version of the URL, or a body of another size: not this layout
+    assert infer_layout.match_http(body, "other", "", hl) is None
+    assert infer_layout.match_http(body, "add_sub", "2", hl) is None
+    assert infer_layout.match_http(body + b"\0\0\0\0", "add_sub", "", hl) is None
+    assert infer_layout.match_http(body, "add_sub", "", -1) is None
+    with pytest.raises(InvalidArgument, match="additional input data"):
+        hc.read_infer_request(body + b"\0\0\0\0", "add_sub", "", hl)
+
+
+def test_http_bodies_with_an_id_or_json_data_are_not_learned() -> None:
+    a = np.ones((1, 4), np.float32)
+    body, hl = _body(a, a, request_id="r1")
+    hc.read_infer_request(body, "add_sub", "", hl)
+    assert infer_layout.match_http(body, "add_sub", "", hl) is None
+    body, hl = hc.encode_infer_request({"INPUT0": a, "INPUT1": a}, binary=False)
+    hc.read_infer_request(body, "add_sub", "", hl)
+    assert infer_layout.match_http(body, "add_sub", "", hl) is None

@@ -42,7 +42,7 @@ from ..protocol.generate_codec import (
     encode_generate_response,
     sse_event,
 )
-from ..protocol.http_codec import decode_infer_request, encode_infer_response
+from ..protocol.http_codec import encode_infer_response, read_infer_request
 from ..repository.model_config import config_to_json_dict
 from ..service import InferenceService
 from ..types import InferResponse
@@ -612,7 +612,7 @@ class HttpFrontend:
                 body = _decompress(body, value, self.max_input_size)
             elif key == b"accept-encoding":
                 accept = value
-        request = decode_infer_request(body, model, version, header_length)
+        request = read_infer_request(body, model, version, header_length)
         if trace is not None:
             request.trace = trace
         response = await self.service.infer(request, protocol="HTTP end point")

@@ -15,6 +15,7 @@ Rules of this file:
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -407,13 +408,25 @@ def _raw(datatype: str, arr: np.ndarray) -> bytes:
 
 
 def _raw_view(datatype: str, arr: np.ndarray) -> bytes | memoryview:
-    """The tensor's raw content without a copy where it is already laid out as sent."""
+    """The tensor's raw content without a copy where it is already laid out as sent. The
+    native edge lends large parts to gRPC until they are on the wire, so memory that can be
+    unmapped meanwhile (a client's shared-memory region) is copied instead."""
     if datatype == "BYTES":
         return serialize_bytes_tensor(arr)
     arr = as_wire_dtype(datatype, arr)
-    if arr.nbytes < 4096 or not arr.flags.c_contiguous:
+    if arr.nbytes < 4096 or not arr.flags.c_contiguous or _mapped(arr):
         return arr.tobytes()  # small: bytes are cheaper than a memoryview
     return arr.data.cast("B")
+
+
+def _mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr`` is a view of an ``mmap`` (e.g. a shared-memory region)."""
+    base: Any = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return isinstance(base, mmap.mmap)
 
 
 # --------------------------------------------------------------------------- infer response

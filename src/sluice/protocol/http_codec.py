@@ -32,13 +32,14 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, OutputSpec
-from . import bytes_tensor
+from . import bytes_tensor, infer_layout
 from .datatypes import KSERVE_TO_NUMPY, tensor_datatype
 from .json_body import show, too_deep
 
 __all__ = [
     "HEADER_LENGTH",
     "decode_infer_request",
+    "read_infer_request",
     "encode_infer_response",
     "encode_infer_request",
     "decode_infer_response",
@@ -182,14 +183,29 @@ def _json_tensor(
         ) from None
 
 
+def read_infer_request(
+    body: bytes, model_name: str, model_version: str = "", header_length: int | None = None
+) -> InferRequest:
+    """``decode_infer_request``, from a learned layout where the body repeats one
+    (``infer_layout.match_http``: no JSON parsing); else decoded, and its layout learned."""
+    req = infer_layout.match_http(body, model_name, model_version, header_length)
+    if req is None:
+        spans: list[tuple[int, int]] = []
+        req = decode_infer_request(body, model_name, model_version, header_length, spans)
+        infer_layout.learn_http(body, header_length, req, spans)
+    return req
+
+
 def decode_infer_request(
     body: bytes,
     model_name: str,
     model_version: str = "",
     header_length: int | None = None,
+    spans: list[tuple[int, int]] | None = None,
 ) -> InferRequest:
     """Decode an infer request body. ``header_length`` is the value of the
-    ``Inference-Header-Content-Length`` header (None when absent: the whole body is JSON)."""
+    ``Inference-Header-Content-Length`` header (None when absent: the whole body is JSON).
+    ``spans``, where given, receives the (offset, size) of each binary input, in order."""
     blen = len(body)
     if header_length is None:
         header_length = blen
@@ -297,6 +313,8 @@ def decode_infer_request(
                     f"bytes for model '{model_name}': parameters.binary_data_size {size} runs "
                     f"past the end of the body ({blen - pos} bytes of binary data remain)"
                 )
+            if spans is not None:
+                spans.append((pos, size))
             if dt is _OBJECT:
                 arr = deserialize_bytes_tensor(body, count, pos, end, name).reshape(shape)
             else:

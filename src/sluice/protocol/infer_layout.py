@@ -10,6 +10,11 @@ what it says, and what the decoded request looks like; a payload of the same siz
 starts with the head and has the same field headers at the same places is that message with
 new tensor bytes, so its request is built from the layout and views of the payload.
 
+The HTTP binary-data form has the same shape: a JSON header that repeats byte for byte, then
+the tensors at offsets the header fixes. An HTTP layout is keyed by that header (and the
+model and version of the URL, and the body's size); a body that matches is that request
+with new tensor bytes (``match_http`` / ``learn_http``).
+
 Rules of this file:
 - Correct by construction, not by likelihood: a layout is learned only where the head
   parses alone (protobuf) with no raw contents and the rest of the payload is exactly the
@@ -40,7 +45,7 @@ import numpy as np
 
 from ..types import InferRequest, OutputSpec
 
-__all__ = ["Layout", "match", "learn", "MAX_LAYOUTS"]
+__all__ = ["Layout", "HttpLayout", "match", "learn", "match_http", "learn_http", "MAX_LAYOUTS"]
 
 MAX_LAYOUTS = 256
 _RAW_KEY = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
@@ -202,3 +207,102 @@ def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
         _count = 0
     _LAYOUTS.setdefault(size, []).append(Layout(size, head, tuple(fields), tuple(specs), req))
     _count += 1
+
+
+class HttpLayout:
+    """One learned HTTP request: its JSON header, and the request its body decodes to."""
+
+    __slots__ = (
+        "size",
+        "model_name",
+        "model_version",
+        "inputs",
+        "datatypes",
+        "outputs",
+        "parameters",
+        "checked",
+    )
+
+    def __init__(
+        self,
+        size: int,
+        inputs: tuple[tuple[str, np.dtype[Any], int, int, tuple[int, ...], bool], ...],
+        req: InferRequest,
+    ) -> None:
+        self.size = size
+        self.model_name = req.model_name
+        self.model_version = req.model_version
+        # per input: (name, dtype, count, offset in the body, shape, reshape)
+        self.inputs = inputs
+        self.datatypes = dict(req.input_datatypes)
+        self.outputs = (
+            None if req.outputs is None else tuple((o.name, o.parameters) for o in req.outputs)
+        )
+        self.parameters = dict(req.parameters)
+        self.checked: tuple[Any, int, tuple[Any, ...]] | None = None
+
+    def request(self, body: bytes) -> InferRequest:
+        inputs: dict[str, np.ndarray] = {}
+        for name, dtype, count, offset, shape, reshape in self.inputs:
+            arr = _frombuffer(body, dtype, count, offset)
+            inputs[name] = arr.reshape(shape) if reshape else arr
+        outs = self.outputs
+        return InferRequest(
+            model_name=self.model_name,
+            model_version=self.model_version,
+            inputs=inputs,
+            input_datatypes=dict(self.datatypes),
+            outputs=None if outs is None else [OutputSpec(n, dict(p)) for n, p in outs],
+            parameters=dict(self.parameters),
+            signature=self,
+        )
+
+
+_HTTP: dict[bytes, list[HttpLayout]] = {}
+_http_count = 0
+
+
+def match_http(
+    body: bytes, model_name: str, model_version: str, header_length: int | None
+) -> InferRequest | None:
+    """The request an HTTP body with binary tensors decodes to, where its JSON header was
+    learned for this model, version and body size; else None."""
+    if header_length is None or not 0 <= header_length <= len(body):
+        return None  # the decoder says what is wrong
+    candidates = _HTTP.get(body[:header_length])
+    if candidates is None:
+        return None
+    size = len(body)
+    for lay in candidates:
+        if lay.size == size and lay.model_name == model_name and lay.model_version == model_version:
+            return lay.request(body)
+    return None
+
+
+def learn_http(
+    body: bytes, header_length: int | None, req: InferRequest, spans: list[tuple[int, int]]
+) -> None:
+    """Remember the layout of an HTTP body that decoded to ``req``; ``spans`` are the
+    (offset, size) of each input's binary data in input order, as the decoder read them."""
+    global _http_count
+    if (
+        header_length is None
+        or req.id
+        or req.shm_inputs
+        or req.shm_outputs
+        or "sequence_id" in req.parameters
+        or not req.inputs
+        or len(spans) != len(req.inputs)
+    ):
+        return
+    specs = []
+    for (name, arr), (offset, size) in zip(req.inputs.items(), spans, strict=True):
+        if arr.dtype.kind not in "biuf" or not arr.size or arr.nbytes != size:
+            return
+        specs.append((name, arr.dtype, arr.size, offset, tuple(arr.shape), arr.ndim != 1))
+    if _http_count >= MAX_LAYOUTS:
+        _HTTP.clear()
+        _http_count = 0
+    layout = HttpLayout(len(body), tuple(specs), req)
+    _HTTP.setdefault(bytes(body[:header_length]), []).append(layout)
+    _http_count += 1

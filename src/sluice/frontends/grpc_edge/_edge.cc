@@ -23,8 +23,10 @@
 //   Python hears of it (EV_CANCEL) to cancel its task, and a late answer finds no call.
 // - Copies: a received message of 64 KB or more is made contiguous on the gRPC thread that
 //   read it and reaches Python as a read-only memoryview over that memory (smaller ones as
-//   bytes); an answer is bytes or a list of buffers (the codec's parts, tensors included)
-//   copied once, into the one slice gRPC sends.
+//   bytes); an answer is bytes or a list of buffers (the codec's parts, tensors included):
+//   parts of 64 KB or more are lent to gRPC as slices over the Python buffers (no copy;
+//   released by the loop once gRPC drops them), runs of smaller parts are copied into one
+//   slice.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -150,6 +152,29 @@ class Edge {
   }
 
   void StartReplies();
+
+  // Python buffers lent to gRPC (zero-copy send slices): gRPC drops a slice on any thread,
+  // without the GIL, so it only queues the buffer here; the loop releases them (drain/flush).
+  std::mutex relmu_;
+  std::vector<Py_buffer*> released_;
+
+  void Released(Py_buffer* view) {
+    std::lock_guard<std::mutex> lk(relmu_);
+    released_.push_back(view);
+  }
+
+  void ReleaseLent() {  // with the GIL
+    std::vector<Py_buffer*> done;
+    {
+      std::lock_guard<std::mutex> lk(relmu_);
+      if (released_.empty()) return;
+      done.swap(released_);
+    }
+    for (Py_buffer* view : done) {
+      PyBuffer_Release(view);
+      delete view;
+    }
+  }
 
   int efd_ = -1;
   std::unique_ptr<grpc::Server> server_;
@@ -692,6 +717,7 @@ PyObject* payload_view(Event& ev) {
 // drain() -> [(id, kind, method or None, payload or None), ...]; a payload is bytes, or a
 // read-only memoryview for a large message
 PyObject* PyEdge_drain(PyEdge* self, PyObject*) {
+  self->edge->ReleaseLent();
   std::vector<Event> events = self->edge->Take();
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(events.size()));
   if (!list) return nullptr;
@@ -745,48 +771,62 @@ PyObject* PyEdge_drain(PyEdge* self, PyObject*) {
 }
 
 // A message from Python: one bytes-like object, or a list/tuple of them that concatenate to
-// the message (the codec's parts: protobuf's header, then the tensors' own buffers). Either
-// way it is copied once, into one slice gRPC owns; the GIL is let go for large copies (the
-// buffers stay exported, so nobody can change or free them meanwhile).
-bool to_byte_buffer(PyObject* obj, grpc::ByteBuffer* out) {
-  constexpr size_t kBig = 1u << 20;
-  if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return false;
-    size_t n = static_cast<size_t>(view.len);
-    grpc::Slice slice;
-    if (n >= kBig) {
-      Py_BEGIN_ALLOW_THREADS slice = grpc::Slice(view.buf, n);
-      Py_END_ALLOW_THREADS
-    } else {
-      slice = grpc::Slice(view.buf, n);
-    }
-    PyBuffer_Release(&view);
-    grpc::ByteBuffer bb(&slice, 1);
-    out->Swap(&bb);
-    return true;
-  }
-  Py_ssize_t k = PySequence_Fast_GET_SIZE(obj);
-  PyObject** items = PySequence_Fast_ITEMS(obj);
+// the message (the codec's parts: protobuf's header, then the tensors' own buffers). Parts of
+// kLendMin bytes or more are lent to gRPC as they are (a slice over the Python buffer, which
+// stays exported, so nobody can change or free it, until gRPC drops the slice and the loop
+// releases it): no copy. Smaller runs of parts are copied into one slice of their own.
+constexpr size_t kLendMin = 64 * 1024;
+
+struct Lent {
+  Edge* edge;
+  Py_buffer view;
+};
+
+void lent_done(void* p) {
+  Lent* lent = static_cast<Lent*>(p);
+  Edge* edge = lent->edge;
+  Py_buffer* view = new Py_buffer(lent->view);
+  delete lent;
+  edge->Released(view);
+}
+
+bool to_byte_buffer(Edge* edge, PyObject* obj, grpc::ByteBuffer* out) {
+  bool single = !PyList_Check(obj) && !PyTuple_Check(obj);
+  Py_ssize_t k = single ? 1 : PySequence_Fast_GET_SIZE(obj);
+  PyObject** items = single ? &obj : PySequence_Fast_ITEMS(obj);
   std::vector<Py_buffer> views(static_cast<size_t>(k));
-  size_t total = 0;
   for (Py_ssize_t i = 0; i < k; ++i) {
     if (PyObject_GetBuffer(items[i], &views[i], PyBUF_SIMPLE) < 0) {
       for (Py_ssize_t j = 0; j < i; ++j) PyBuffer_Release(&views[j]);
       return false;
     }
-    total += static_cast<size_t>(views[i].len);
   }
-  grpc::Slice slice(total);
-  uint8_t* dst = const_cast<uint8_t*>(slice.begin());
-  PyThreadState* ts = total >= kBig ? PyEval_SaveThread() : nullptr;
-  for (Py_buffer& v : views) {
-    memcpy(dst, v.buf, static_cast<size_t>(v.len));
-    dst += v.len;
+  std::vector<grpc::Slice> slices;
+  size_t i = 0;
+  while (i < views.size()) {
+    size_t n = static_cast<size_t>(views[i].len);
+    if (n >= kLendMin) {  // lent: the slice keeps the buffer exported until gRPC drops it
+      Lent* lent = new Lent{edge, views[i]};
+      slices.emplace_back(views[i].buf, n, lent_done, lent);
+      ++i;
+      continue;
+    }
+    size_t j = i, total = 0;  // a run of small parts: one copied slice
+    while (j < views.size() && static_cast<size_t>(views[j].len) < kLendMin) {
+      total += static_cast<size_t>(views[j].len);
+      ++j;
+    }
+    grpc::Slice slice(total);
+    uint8_t* dst = const_cast<uint8_t*>(slice.begin());
+    for (size_t m = i; m < j; ++m) {
+      memcpy(dst, views[m].buf, static_cast<size_t>(views[m].len));
+      dst += views[m].len;
+      PyBuffer_Release(&views[m]);
+    }
+    slices.push_back(std::move(slice));
+    i = j;
   }
-  if (ts) PyEval_RestoreThread(ts);
-  for (Py_buffer& v : views) PyBuffer_Release(&v);
-  grpc::ByteBuffer bb(&slice, 1);
+  grpc::ByteBuffer bb(slices.data(), slices.size());
   out->Swap(&bb);
   return true;
 }
@@ -797,7 +837,7 @@ PyObject* PyEdge_write(PyEdge* self, PyObject* args) {
   PyObject* data;
   if (!PyArg_ParseTuple(args, "KO", &id, &data)) return nullptr;
   Reply r{id, false, true, {}, grpc::Status::OK};
-  if (!to_byte_buffer(data, &r.msg)) return nullptr;
+  if (!to_byte_buffer(self->edge, data, &r.msg)) return nullptr;
   self->edge->Answer(std::move(r));
   Py_RETURN_NONE;
 }
@@ -814,7 +854,7 @@ PyObject* PyEdge_finish(PyEdge* self, PyObject* args) {
   Reply r{id, true, has, {},
           grpc::Status(static_cast<grpc::StatusCode>(code),
                        std::string(message, static_cast<size_t>(message_len)))};
-  if (has && !to_byte_buffer(data, &r.msg)) return nullptr;
+  if (has && !to_byte_buffer(self->edge, data, &r.msg)) return nullptr;
   self->edge->Answer(std::move(r));
   Py_RETURN_NONE;
 }
@@ -835,10 +875,12 @@ PyObject* PyEdge_stop(PyEdge* self, PyObject* args) {
   edge->cq_->Shutdown();
   for (std::thread& t : edge->pollers_) t.join();
   edge->server_->Wait();
-  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+  Py_END_ALLOW_THREADS edge->ReleaseLent();
+  Py_RETURN_NONE;
 }
 
 PyObject* PyEdge_flush(PyEdge* self, PyObject*) {
+  self->edge->ReleaseLent();
   self->edge->Flush();
   Py_RETURN_NONE;
 }
