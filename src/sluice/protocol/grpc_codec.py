@@ -35,6 +35,7 @@ from .http_codec import (
     serialize_bytes_tensor,
 )
 from .json_body import show
+from .varint import encode as _varint
 
 __all__ = [
     "decode_infer_request",
@@ -188,15 +189,6 @@ def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise _Malformed
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _split_raw_inputs(

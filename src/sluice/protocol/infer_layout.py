@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..types import InferRequest, OutputSpec
+from .varint import encode as _varint
 
 __all__ = ["Layout", "HttpLayout", "match", "learn", "match_http", "learn_http", "MAX_LAYOUTS"]
 
@@ -54,13 +55,11 @@ _VIEW_MIN = 16 * 1024  # raw contents of larger payloads are views, not copies
 _frombuffer = np.frombuffer
 
 
-class Layout:
-    """One learned message layout and the request it decodes to."""
+class _Learned:
+    """What every learned layout keeps: the request it decodes to, but for the tensors."""
 
     __slots__ = (
         "size",
-        "head",
-        "fields",
         "inputs",
         "model_name",
         "model_version",
@@ -70,6 +69,37 @@ class Layout:
         "checked",
     )
 
+    def __init__(self, size: int, inputs: tuple[Any, ...], req: InferRequest) -> None:
+        self.size = size
+        self.inputs = inputs  # per input, how to find and shape it (the subclass's own form)
+        self.model_name = req.model_name
+        self.model_version = req.model_version
+        self.datatypes = dict(req.input_datatypes)
+        self.outputs = (
+            None if req.outputs is None else tuple((o.name, o.parameters) for o in req.outputs)
+        )
+        self.parameters = dict(req.parameters)
+        # (serving version, batch size, shape key): check_request's answer for that version
+        self.checked: tuple[Any, int, tuple[Any, ...]] | None = None
+
+    def _request(self, inputs: dict[str, np.ndarray]) -> InferRequest:
+        outs = self.outputs
+        return InferRequest(
+            model_name=self.model_name,
+            model_version=self.model_version,
+            inputs=inputs,
+            input_datatypes=dict(self.datatypes),
+            outputs=None if outs is None else [OutputSpec(n, dict(p)) for n, p in outs],
+            parameters=dict(self.parameters),
+            signature=self,
+        )
+
+
+class Layout(_Learned):
+    """One learned ModelInferRequest layout."""
+
+    __slots__ = ("head", "fields")
+
     def __init__(
         self,
         size: int,
@@ -78,35 +108,18 @@ class Layout:
         inputs: tuple[tuple[str, np.dtype[Any], tuple[int, ...], bool], ...],
         req: InferRequest,
     ) -> None:
-        self.size = size
+        # inputs, in raw order: (name, dtype, shape, reshape)
+        super().__init__(size, inputs, req)
         self.head = head
         # per raw field: (header start, header bytes, data start, data end)
         self.fields = fields
-        # per input, in raw order: (name, dtype, shape, reshape)
-        self.inputs = inputs
-        self.model_name = req.model_name
-        self.model_version = req.model_version
-        self.datatypes = dict(req.input_datatypes)
-        self.outputs = None if req.outputs is None else tuple(o.name for o in req.outputs)
-        self.parameters = dict(req.parameters)
-        # (serving version, batch size, shape key): check_request's answer for that version
-        self.checked: tuple[Any, int, tuple[Any, ...]] | None = None
 
     def request(self, raws: list[Any]) -> InferRequest:
         inputs: dict[str, np.ndarray] = {}
         for (name, dtype, shape, reshape), raw in zip(self.inputs, raws, strict=True):
             arr = _frombuffer(raw, dtype)
             inputs[name] = arr.reshape(shape) if reshape else arr
-        outs = self.outputs
-        return InferRequest(
-            model_name=self.model_name,
-            model_version=self.model_version,
-            inputs=inputs,
-            input_datatypes=dict(self.datatypes),
-            outputs=None if outs is None else [OutputSpec(n) for n in outs],
-            parameters=dict(self.parameters),
-            signature=self,
-        )
+        return self._request(inputs)
 
 
 _LAYOUTS: dict[int, list[Layout]] = {}
@@ -144,15 +157,6 @@ def match(payload: bytes | memoryview) -> InferRequest | None:
         else:
             return lay.request(raws)
     return None
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
@@ -209,53 +213,18 @@ def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
     _count += 1
 
 
-class HttpLayout:
-    """One learned HTTP request: its JSON header, and the request its body decodes to."""
+class HttpLayout(_Learned):
+    """One learned HTTP request (its JSON header is the key it is filed under); inputs:
+    (name, dtype, count, offset in the body, shape, reshape)."""
 
-    __slots__ = (
-        "size",
-        "model_name",
-        "model_version",
-        "inputs",
-        "datatypes",
-        "outputs",
-        "parameters",
-        "checked",
-    )
-
-    def __init__(
-        self,
-        size: int,
-        inputs: tuple[tuple[str, np.dtype[Any], int, int, tuple[int, ...], bool], ...],
-        req: InferRequest,
-    ) -> None:
-        self.size = size
-        self.model_name = req.model_name
-        self.model_version = req.model_version
-        # per input: (name, dtype, count, offset in the body, shape, reshape)
-        self.inputs = inputs
-        self.datatypes = dict(req.input_datatypes)
-        self.outputs = (
-            None if req.outputs is None else tuple((o.name, o.parameters) for o in req.outputs)
-        )
-        self.parameters = dict(req.parameters)
-        self.checked: tuple[Any, int, tuple[Any, ...]] | None = None
+    __slots__ = ()
 
     def request(self, body: bytes) -> InferRequest:
         inputs: dict[str, np.ndarray] = {}
         for name, dtype, count, offset, shape, reshape in self.inputs:
             arr = _frombuffer(body, dtype, count, offset)
             inputs[name] = arr.reshape(shape) if reshape else arr
-        outs = self.outputs
-        return InferRequest(
-            model_name=self.model_name,
-            model_version=self.model_version,
-            inputs=inputs,
-            input_datatypes=dict(self.datatypes),
-            outputs=None if outs is None else [OutputSpec(n, dict(p)) for n, p in outs],
-            parameters=dict(self.parameters),
-            signature=self,
-        )
+        return self._request(inputs)
 
 
 _HTTP: dict[bytes, list[HttpLayout]] = {}
