@@ -22,6 +22,7 @@ from typing import Any
 from .access import build_policy
 from .config import GrpcEdge, ServerConfig
 from .errors import ServerError
+from .gcsettings import tune_gc
 from .keys import KeyFileError, KeyRing
 from .logsettings import LogSettings, setup_logging
 from .repository.manager import ModelManager
@@ -256,6 +257,7 @@ def run(config: ServerConfig) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_stop)
         loop.add_signal_handler(signal.SIGHUP, server.reload_keys)
+        tune_gc()
         return await server.serve()
 
     try:

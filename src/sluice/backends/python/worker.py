@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ...gcsettings import tune_gc
 from .messages import (
     OK,
     AutoCompleteReply,
@@ -189,6 +190,7 @@ class _Worker:
             self.channel.send(InitFailed(0, format_failure(exc, setup.model_file)))
             self._cleanup()
             return
+        tune_gc()  # the model as initialized is frozen; requests collect less often
         self.channel.send(Ready(0, os.getpid()))
         try:
             self._loop()
