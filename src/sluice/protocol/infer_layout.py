@@ -20,9 +20,11 @@ Rules of this file:
   parses alone (protobuf) with no raw contents and the rest of the payload is exactly the
   raw fields in order; a later payload matches only byte for byte outside the tensors.
   Then protobuf would parse it as the head's fields plus those raw contents.
-- Learned only for plain requests: every input in raw_input_contents (no shared memory, no
-  ``contents``), fixed-size datatypes, no per-input or per-output parameters, no request
-  ``id`` and no ``sequence_id`` (those change per request: a layout would never repeat).
+- Learned only for plain requests: every input as raw bytes (gRPC: raw_input_contents, no
+  ``contents``; HTTP: binary data, no JSON ``data``), no shared memory, fixed-size datatypes,
+  no request ``id`` and no ``sequence_id`` (those change per request: a layout would never
+  repeat); gRPC also no per-input or per-output parameters (HTTP outputs keep theirs, e.g.
+  ``binary_data``, in the layout).
 - Bounded: at most ``MAX_LAYOUTS`` are kept; learning past that starts over.
 - The layout travels with the request (``InferRequest.signature``): the serving path keeps
   its validation result there (``Layout.checked``), since a request with the same layout has
