@@ -17,10 +17,8 @@ from sluice.types import InferRequest, OutputSpec
 
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
-    infer_layout._LAYOUTS.clear()
-    infer_layout._count = 0
+    infer_layout._GRPC.clear()
     infer_layout._HTTP.clear()
-    infer_layout._http_count = 0
 
 
 def _payload(a: np.ndarray, b: np.ndarray, *, model: str = "add_sub", **kw: object) -> bytes:
@@ -156,8 +154,8 @@ def test_the_number_of_layouts_is_bounded() -> None:
     a = np.ones((1, 4), np.float32)
     for i in range(infer_layout.MAX_LAYOUTS + 10):
         codec.read_model_infer(_payload(a, a, model=f"m{i}"))
-    assert infer_layout._count <= infer_layout.MAX_LAYOUTS
-    assert sum(len(v) for v in infer_layout._LAYOUTS.values()) <= infer_layout.MAX_LAYOUTS
+    assert infer_layout._GRPC.count <= infer_layout.MAX_LAYOUTS
+    assert sum(len(v) for v in infer_layout._GRPC.by_key.values()) <= infer_layout.MAX_LAYOUTS
 
 
 # --------------------------------------------------------------------------- HTTP bodies

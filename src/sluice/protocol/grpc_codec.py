@@ -407,7 +407,7 @@ def _raw_view(datatype: str, arr: np.ndarray) -> bytes | memoryview:
         return serialize_bytes_tensor(arr)
     arr = as_wire_dtype(datatype, arr)
     if arr.nbytes < 4096 or not arr.flags.c_contiguous or _mapped(arr):
-        return arr.tobytes()  # small: bytes are cheaper than a memoryview
+        return arr.tobytes()  # small ones: bytes are cheaper than a memoryview
     return arr.data.cast("B")
 
 

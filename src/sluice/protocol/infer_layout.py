@@ -124,55 +124,74 @@ class Layout(_Learned):
         return self._request(inputs)
 
 
-_LAYOUTS: dict[int, list[Layout]] = {}
-_count = 0
+class _Store:
+    """Learned layouts by key, at most ``MAX_LAYOUTS``: learning past that starts over."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[Any, list[Any]] = {}
+        self.count = 0
+
+    def add(self, key: Any, layout: _Learned) -> None:
+        if self.count >= MAX_LAYOUTS:
+            self.clear()
+        self.by_key.setdefault(key, []).append(layout)
+        self.count += 1
+
+    def clear(self) -> None:
+        self.by_key.clear()
+        self.count = 0
+
+
+_GRPC = _Store()  # by payload size
+_HTTP = _Store()  # by JSON header
+
+
+def _plain(req: InferRequest) -> bool:
+    """Whether a decoded request may have a layout: inputs, none in shared memory, and
+    nothing that changes request after request (an id, a sequence)."""
+    return bool(
+        req.inputs
+        and not req.id
+        and not req.shm_inputs
+        and not req.shm_outputs
+        and "sequence_id" not in req.parameters
+    )
+
+
+def _same_outside_tensors(payload: bytes | memoryview, lay: Layout) -> bool:
+    # plain loops, not all(<generator>): this runs per request
+    if isinstance(payload, bytes):
+        if not payload.startswith(lay.head):
+            return False
+        for hstart, header, _, _ in lay.fields:  # noqa: SIM110 - measured: 0.2 us less
+            if not payload.startswith(header, hstart):
+                return False
+        return True
+    if payload[: len(lay.head)] != lay.head:
+        return False
+    for hstart, header, start, _ in lay.fields:  # noqa: SIM110 - as above
+        if payload[hstart:start] != header:
+            return False
+    return True
 
 
 def match(payload: bytes | memoryview) -> InferRequest | None:
     """The request ``payload`` decodes to, where it has a learned layout; else None."""
-    candidates = _LAYOUTS.get(len(payload))
+    candidates = _GRPC.by_key.get(len(payload))
     if candidates is None:
         return None
-    if isinstance(payload, bytes):
-        for lay in candidates:
-            if not payload.startswith(lay.head):
-                continue
-            raws: list[Any] = []
-            for hstart, header, start, end in lay.fields:
-                if not payload.startswith(header, hstart):
-                    break
-                raws.append(payload[start:end])
-            else:
-                if lay.size >= _VIEW_MIN:  # views of the payload, not copies
-                    view = memoryview(payload)
-                    raws = [view[start:end] for _, _, start, end in lay.fields]
-                return lay.request(raws)
-        return None
-    for lay in candidates:  # a memoryview (the native edge's large messages)
-        if payload[: len(lay.head)] != lay.head:
-            continue
-        raws = []
-        for hstart, header, start, end in lay.fields:
-            if payload[hstart:start] != header:
-                break
-            raws.append(payload[start:end])
-        else:
-            return lay.request(raws)
+    for lay in candidates:
+        if _same_outside_tensors(payload, lay):
+            # large payloads: views of the payload, not copies
+            src = payload if len(payload) < _VIEW_MIN else memoryview(payload)
+            return lay.request([src[start:end] for _, _, start, end in lay.fields])
     return None
 
 
 def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
     """Remember the layout of ``payload``, which ``msg`` (its parsed head, with or without
     the raw contents) and ``req`` (its decoded request) describe, where it qualifies."""
-    global _count
-    if (
-        req.id
-        or req.shm_inputs
-        or req.shm_outputs
-        or "sequence_id" in req.parameters
-        or not req.inputs
-        or len(req.inputs) != len(msg.inputs)
-    ):
+    if not _plain(req) or len(req.inputs) != len(msg.inputs):
         return
     if req.outputs is not None and any(o.parameters for o in req.outputs):
         return
@@ -192,8 +211,7 @@ def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
     if pos <= 0:
         return
     fields = []
-    data = bytes(payload[:pos]) if isinstance(payload, memoryview) else payload
-    head = data[:pos]
+    head = bytes(payload[:pos])
     for n in tail:
         header = bytes([_RAW_KEY]) + _varint(n)
         if bytes(payload[pos : pos + len(header)]) != header:
@@ -208,11 +226,7 @@ def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
         return
     if alone.raw_input_contents:
         return
-    if _count >= MAX_LAYOUTS:
-        _LAYOUTS.clear()
-        _count = 0
-    _LAYOUTS.setdefault(size, []).append(Layout(size, head, tuple(fields), tuple(specs), req))
-    _count += 1
+    _GRPC.add(size, Layout(size, head, tuple(fields), tuple(specs), req))
 
 
 class HttpLayout(_Learned):
@@ -229,10 +243,6 @@ class HttpLayout(_Learned):
         return self._request(inputs)
 
 
-_HTTP: dict[bytes, list[HttpLayout]] = {}
-_http_count = 0
-
-
 def match_http(
     body: bytes, model_name: str, model_version: str, header_length: int | None
 ) -> InferRequest | None:
@@ -240,7 +250,7 @@ def match_http(
     learned for this model, version and body size; else None."""
     if header_length is None or not 0 <= header_length <= len(body):
         return None  # the decoder says what is wrong
-    candidates = _HTTP.get(body[:header_length])
+    candidates = _HTTP.by_key.get(body[:header_length])
     if candidates is None:
         return None
     size = len(body)
@@ -255,25 +265,11 @@ def learn_http(
 ) -> None:
     """Remember the layout of an HTTP body that decoded to ``req``; ``spans`` are the
     (offset, size) of each input's binary data in input order, as the decoder read them."""
-    global _http_count
-    if (
-        header_length is None
-        or req.id
-        or req.shm_inputs
-        or req.shm_outputs
-        or "sequence_id" in req.parameters
-        or not req.inputs
-        or len(spans) != len(req.inputs)
-    ):
+    if header_length is None or not _plain(req) or len(spans) != len(req.inputs):
         return
     specs = []
     for (name, arr), (offset, size) in zip(req.inputs.items(), spans, strict=True):
         if arr.dtype.kind not in "biuf" or not arr.size or arr.nbytes != size:
             return
         specs.append((name, arr.dtype, arr.size, offset, tuple(arr.shape), arr.ndim != 1))
-    if _http_count >= MAX_LAYOUTS:
-        _HTTP.clear()
-        _http_count = 0
-    layout = HttpLayout(len(body), tuple(specs), req)
-    _HTTP.setdefault(bytes(body[:header_length]), []).append(layout)
-    _http_count += 1
+    _HTTP.add(bytes(body[:header_length]), HttpLayout(len(body), tuple(specs), req))

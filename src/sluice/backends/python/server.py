@@ -67,6 +67,7 @@ _instance_serial = itertools.count(1)
 
 
 _last_params: tuple[dict[str, Any], tuple[tuple[str, type], ...], str] = ({}, (), "{}")
+_SCALARS = frozenset((str, int, float, bool))
 
 
 def _params_json(params: dict[str, Any]) -> str:
@@ -83,9 +84,6 @@ def _params_json(params: dict[str, Any]) -> str:
     if all(t in _SCALARS for _, t in types):  # a nested value may hide True vs 1
         _last_params = (dict(params), types, text)
     return text
-
-
-_SCALARS = frozenset((str, int, float, bool))
 
 
 def model_config_json(config: mc.ModelConfig) -> str:

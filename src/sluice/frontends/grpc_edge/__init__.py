@@ -10,8 +10,8 @@ Rules of this file:
   ``grpc_codec.read_model_infer`` (a request that repeats a learned layout skips protobuf:
   ``protocol/infer_layout.py``), ``ModelStreamInfer`` requests split by
   ``grpc_codec.parse_model_infer`` (tensors stay views of the received bytes either way), and
-  answered with a list of buffers that the extension concatenates into gRPC's slice (the
-  one copy of each output tensor on its way out).
+  answered with a list of buffers that the extension hands to gRPC (large ones lent
+  without a copy, small ones copied into one slice).
 - A call cancelled by its client, its deadline or shutdown is finished CANCELLED by the
   extension; here its task is cancelled, so a queued request leaves its queue.
 - Where the extension is not built, ``IMPORT_ERROR`` says why and the server falls back to

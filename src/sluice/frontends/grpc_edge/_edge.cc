@@ -156,7 +156,7 @@ class Edge {
   // Python buffers lent to gRPC (zero-copy send slices): gRPC drops a slice on any thread,
   // without the GIL, so it only queues the buffer here; the loop releases them (drain/flush).
   std::mutex relmu_;
-  std::vector<Py_buffer*> released_;
+  std::vector<Py_buffer*> released_;  // each one heap-allocated by to_byte_buffer
 
   void Released(Py_buffer* view) {
     std::lock_guard<std::mutex> lk(relmu_);
@@ -779,15 +779,13 @@ constexpr size_t kLendMin = 64 * 1024;
 
 struct Lent {
   Edge* edge;
-  Py_buffer view;
+  Py_buffer* view;
 };
 
-void lent_done(void* p) {
+void lent_done(void* p) {  // gRPC dropped the slice (any thread, no GIL)
   Lent* lent = static_cast<Lent*>(p);
-  Edge* edge = lent->edge;
-  Py_buffer* view = new Py_buffer(lent->view);
+  lent->edge->Released(lent->view);
   delete lent;
-  edge->Released(view);
 }
 
 bool to_byte_buffer(Edge* edge, PyObject* obj, grpc::ByteBuffer* out) {
@@ -806,7 +804,7 @@ bool to_byte_buffer(Edge* edge, PyObject* obj, grpc::ByteBuffer* out) {
   while (i < views.size()) {
     size_t n = static_cast<size_t>(views[i].len);
     if (n >= kLendMin) {  // lent: the slice keeps the buffer exported until gRPC drops it
-      Lent* lent = new Lent{edge, views[i]};
+      Lent* lent = new Lent{edge, new Py_buffer(views[i])};
       slices.emplace_back(views[i].buf, n, lent_done, lent);
       ++i;
       continue;
