@@ -284,6 +284,10 @@ class Scheduler:
             self._running -= 1
         if traced and self._trace_compute:
             _trace_compute(jobs, start, time.monotonic_ns(), result)
+        # The next batch first: its task is queued before the callers woken by _deliver, so
+        # the instance starts on it while their responses are encoded and written (measured:
+        # a BLS chain at c=8 over HTTP x1.11-1.19, add_sub at c=32 x1.01-1.06).
+        self._dispatch()
         if slot is None:
             self._deliver(jobs, results)
         else:
@@ -292,7 +296,6 @@ class Scheduler:
             while order and order[0][1] is not None:
                 done_jobs, done_results = order.popleft()
                 self._deliver(done_jobs, done_results)
-        self._dispatch()
         self._maybe_idle()
 
     def _deliver(self, jobs: list[Job], results: list[Any]) -> None:
