@@ -31,6 +31,7 @@ from tests.e2e.helpers import (
     grpc_client,
     grpc_status,
     http_client,
+    pending,
     post,
     request,
     wait_until,
@@ -387,6 +388,70 @@ def test_level_off_at_start_leaves_no_file(tmp_path: Path, start_server):
         http_infer(srv, "add_sub", f"x{k}")
     stop_ok(srv)
     assert list(tmp_path.glob("trace.json*")) == []
+
+
+# Holds its first execution until the test creates the gate file (no timing involved).
+GATE_PY = """
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
+
+    def execute(self, requests):
+        while not os.path.exists(self.gate):
+            time.sleep(0.005)
+        return [pb_utils.InferenceResponse(
+            [pb_utils.get_input_tensor_by_name(r, "INPUT0")]) for r in requests]
+"""
+
+
+def test_the_next_queued_request_starts_before_the_finished_one_is_answered(
+    tmp_path: Path, start_server
+):
+    # What the server recorded (its trace file), not timing: an instance that finishes a
+    # request takes the next queued one before the finished request's answer is sent.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    gate = tmp_path / "gate"
+    write_model(
+        repo,
+        "gated",
+        f"""
+        name: "gated"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+        parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}
+        """,
+        GATE_PY,
+    )
+    out = tmp_path / "trace.json"
+    srv = start_server(repo, *trace_flags(out, "--trace-config=rate=1"))
+    clients = [http_client(srv) for _ in range(2)]
+    try:
+        futures = []
+        for k, c in enumerate(clients):
+            i = httpclient.InferInput("INPUT0", [1], "FP32")
+            i.set_data_from_numpy(np.array([k], np.float32))
+            futures.append(c.async_infer("gated", [i], request_id=f"r{k}"))
+            # r0 is executing (held by the gate) before r1 arrives: r1 queues behind it
+            wait_until(lambda n=k + 1: pending(srv, "gated") == n, interval=0.01)
+        gate.touch()
+        for f in futures:
+            f.get_result(timeout=60)
+    finally:
+        for c in clients:
+            c.close()
+    stop_ok(srv)
+    by_id = {t["request_id"]: t["stamps"] for t in load(out).values()}
+    first, second = by_id["r0"], by_id["r1"]
+    assert first["COMPUTE_END"] < second["COMPUTE_START"] < first["HTTP_SEND_START"]
 
 
 def test_ensemble_and_bls_children_and_tensors(tmp_path: Path, start_server):
