@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.e2e.helpers import grpc_client, http_client, post
+from tests.e2e.helpers import grpc_client, http_client, pending, post, wait_until
 from tests.zoo import write_model
 
 # OUTPUT = running sum of INPUT per correlation id (reset on START), and the worker's pid
@@ -212,3 +212,64 @@ def test_oldest_strategy_batches_one_request_per_sequence(srv):
     # with a 200 ms window the four sequences' requests were batched together
     assert st["execution_count"] < 12, st
     assert max(b["batch_size"] for b in st["batch_stats"]) > 1
+
+
+# Holds every execute until the test creates the gate file (no timing involved).
+GATED_SEQ_PY = """
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
+
+    def execute(self, requests):
+        while not os.path.exists(self.gate):
+            time.sleep(0.005)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())])
+            for r in requests]
+"""
+
+
+def test_a_request_queued_behind_its_own_sequence_runs_when_that_one_ends(
+    tmp_path: Path, start_server
+):
+    # The next request of a sequence waits while the previous one executes; the instance
+    # must take it when the previous one finishes, with no other request arriving to
+    # trigger a dispatch. State, not timing: the pending gauge says both are in.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    gate = tmp_path / "gate"
+    write_model(
+        repo,
+        "gated_seq",
+        f"""
+        name: "gated_seq"
+        backend: "python"
+        max_batch_size: 4
+        sequence_batching {{ max_sequence_idle_microseconds: 60000000 }}
+        input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+        parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}
+        """,
+        GATED_SEQ_PY,
+    )
+    srv = start_server(repo)
+    clients = [http_client(srv) for _ in range(2)]
+    try:
+        futures = []
+        for k, c in enumerate(clients):
+            i = httpclient.InferInput("INPUT", [1, 1], "FP32")
+            i.set_data_from_numpy(np.array([[k + 1]], np.float32))
+            futures.append(c.async_infer("gated_seq", [i], sequence_id=7, sequence_start=k == 0))
+            wait_until(lambda n=k + 1: pending(srv, "gated_seq") == n, interval=0.01)
+        gate.touch()
+        got = [f.get_result(timeout=30).as_numpy("OUTPUT").reshape(-1)[0] for f in futures]
+    finally:
+        for c in clients:
+            c.close()
+    assert got == [1.0, 2.0]

@@ -228,7 +228,7 @@ class SequenceScheduler(Scheduler):
         start = _flag(job.request.parameters.get("sequence_start"))
         return job.shape_key, self._states.shapes(None if start else s.state)
 
-    def _deliver(self, jobs: list[Job], results: list[Any]) -> None:
+    def _finished(self, jobs: list[Job], results: list[Any]) -> None:
         # before the base class dispatches again: the sequences may send their next request
         now = time.monotonic_ns()
         states = self._states
@@ -242,7 +242,6 @@ class SequenceScheduler(Scheduler):
             s.last_ns = now
             if s.ended and not s.pending and self._sequences.get(s.corr) is s:
                 del self._sequences[s.corr]
-        super()._deliver(jobs, results)
 
     def fail_queued(self, error: Any) -> None:
         for s in self._sequences.values():
