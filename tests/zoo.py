@@ -105,6 +105,48 @@ def sleep_model(
     )
 
 
+# Holds every execute until the file named by its "gate" parameter exists (the test creates
+# it once the server's state says what it waits for): no timing involved.
+GATE_PY = """
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
+
+    def execute(self, requests):
+        while not os.path.exists(self.gate):
+            time.sleep(0.005)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())])
+            for r in requests]
+"""
+
+
+def gated_model(
+    repo: Path, name: str, gate: Path, max_batch_size: int = 0, extra: str = ""
+) -> Path:
+    """An FP32 [1] echo (INPUT -> OUTPUT) on one instance that waits for ``gate``."""
+    return write_model(
+        repo,
+        name,
+        f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        {extra}
+        input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+        parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}
+        """,
+        GATE_PY,
+    )
+
+
 FAIL_PY = """
 import os
 import numpy as np

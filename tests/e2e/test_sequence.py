@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.e2e.helpers import grpc_client, http_client, pending, post, wait_until
-from tests.zoo import write_model
+from tests.zoo import gated_model, write_model
 
 # OUTPUT = running sum of INPUT per correlation id (reset on START), and the worker's pid
 ACC_PY = """
@@ -214,26 +214,6 @@ def test_oldest_strategy_batches_one_request_per_sequence(srv):
     assert max(b["batch_size"] for b in st["batch_stats"]) > 1
 
 
-# Holds every execute until the test creates the gate file (no timing involved).
-GATED_SEQ_PY = """
-import os
-import time
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        import json
-        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
-
-    def execute(self, requests):
-        while not os.path.exists(self.gate):
-            time.sleep(0.005)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())])
-            for r in requests]
-"""
-
-
 def test_a_request_queued_behind_its_own_sequence_runs_when_that_one_ends(
     tmp_path: Path, start_server
 ):
@@ -243,20 +223,12 @@ def test_a_request_queued_behind_its_own_sequence_runs_when_that_one_ends(
     repo = tmp_path / "repo"
     repo.mkdir()
     gate = tmp_path / "gate"
-    write_model(
+    gated_model(
         repo,
         "gated_seq",
-        f"""
-        name: "gated_seq"
-        backend: "python"
-        max_batch_size: 4
-        sequence_batching {{ max_sequence_idle_microseconds: 60000000 }}
-        input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
-        parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}
-        """,
-        GATED_SEQ_PY,
+        gate,
+        max_batch_size=4,
+        extra="sequence_batching { max_sequence_idle_microseconds: 60000000 }",
     )
     srv = start_server(repo)
     clients = [http_client(srv) for _ in range(2)]

@@ -36,7 +36,7 @@ from tests.e2e.helpers import (
     request,
     wait_until,
 )
-from tests.zoo import copy_example, write_model
+from tests.zoo import copy_example, gated_model, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -390,25 +390,6 @@ def test_level_off_at_start_leaves_no_file(tmp_path: Path, start_server):
     assert list(tmp_path.glob("trace.json*")) == []
 
 
-# Holds its first execution until the test creates the gate file (no timing involved).
-GATE_PY = """
-import os
-import time
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        import json
-        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
-
-    def execute(self, requests):
-        while not os.path.exists(self.gate):
-            time.sleep(0.005)
-        return [pb_utils.InferenceResponse(
-            [pb_utils.get_input_tensor_by_name(r, "INPUT0")]) for r in requests]
-"""
-
-
 def test_the_next_queued_request_starts_before_the_finished_one_is_answered(
     tmp_path: Path, start_server
 ):
@@ -417,27 +398,14 @@ def test_the_next_queued_request_starts_before_the_finished_one_is_answered(
     repo = tmp_path / "repo"
     repo.mkdir()
     gate = tmp_path / "gate"
-    write_model(
-        repo,
-        "gated",
-        f"""
-        name: "gated"
-        backend: "python"
-        max_batch_size: 0
-        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
-        parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}
-        """,
-        GATE_PY,
-    )
+    gated_model(repo, "gated", gate)
     out = tmp_path / "trace.json"
     srv = start_server(repo, *trace_flags(out, "--trace-config=rate=1"))
     clients = [http_client(srv) for _ in range(2)]
     try:
         futures = []
         for k, c in enumerate(clients):
-            i = httpclient.InferInput("INPUT0", [1], "FP32")
+            i = httpclient.InferInput("INPUT", [1], "FP32")
             i.set_data_from_numpy(np.array([k], np.float32))
             futures.append(c.async_infer("gated", [i], request_id=f"r{k}"))
             # r0 is executing (held by the gate) before r1 arrives: r1 queues behind it
