@@ -16,48 +16,38 @@ built there. Needs ../shared/bench-peers/setup.sh to have run (perf_analyzer).
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
+
+import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from servers import Server, start_sluice  # noqa: E402
+from servers import Server, csv_run, served, start_sluice  # noqa: E402
 
 ROOT = HERE.parent
 PEERS = Path(os.environ.get("BENCH_PEERS", ROOT.parent / "shared" / "bench-peers"))
 PEERS_DIR = Path(os.environ.get("PEERS_DIR", "/tmp/peers"))
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its direct children (python workers)."""
-    pids = [pid]
+    """CPU seconds (user + system) of ``pid`` and its children (python workers)."""
+    total = 0.0
     try:
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        pass
-    total = 0
-    for p in pids:
+        root = psutil.Process(pid)
+        procs = [root, *root.children()]
+    except psutil.Error:
+        return total
+    for proc in procs:
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            t = proc.cpu_times()
+        except psutil.Error:
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / TICK
-
-
-def served(server: Server, model: str) -> int:
-    url = f"http://127.0.0.1:{server.http}/v2/models/{model}/stats"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        doc = json.load(r)
-    return int(doc["model_stats"][0]["inference_stats"]["success"]["count"])
+        total += t.user + t.system
+    return total
 
 
 def measure(
@@ -73,15 +63,11 @@ def measure(
         *("-f", str(out)),
     ]
     cpu0, n0 = tree_cpu(server.proc.pid), served(server, args.model)
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if run.returncode != 0:
-        tail = (run.stdout + run.stderr).strip().splitlines()[-1:]
-        print(f"  {server.name} c={c}: perf_analyzer exited {run.returncode}: {' '.join(tail)}")
+    row = csv_run(cmd, out, f"{server.name} c={c}")
+    if row is None:
         return None
     cpu1, n1 = tree_cpu(server.proc.pid), served(server, args.model)
-    with out.open() as f:
-        throughput = float(next(csv.DictReader(f))["Inferences/Second"])
-    return throughput, (cpu1 - cpu0) / max(1, n1 - n0) * 1e6
+    return float(row["Inferences/Second"]), (cpu1 - cpu0) / max(1, n1 - n0) * 1e6
 
 
 def main() -> int:

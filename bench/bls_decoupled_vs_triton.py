@@ -14,11 +14,9 @@ sluice/Triton. Needs ../shared/bench-peers/setup.sh to have run (Triton, perf_an
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -26,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from servers import Server, free_port, start_sluice  # noqa: E402
+from servers import Server, csv_run, free_port, start_sluice  # noqa: E402
 
 ROOT = HERE.parent
 PEERS = Path(os.environ.get("BENCH_PEERS", ROOT.parent / "shared" / "bench-peers"))
@@ -142,14 +140,8 @@ def measure(
         cmd += ["--streaming", "--input-data", str(root / "repeat100.json")]
     else:
         cmd += ["--input-data", "zero"]
-    try:
-        subprocess.run(cmd, capture_output=True, timeout=120, check=True)
-        with out.open() as f:
-            row = next(csv.DictReader(f))
-        return float(row["Inferences/Second"])
-    except (subprocess.SubprocessError, OSError, StopIteration, KeyError, ValueError) as exc:
-        print(f"  {server.name} {model} {proto} c={c}: perf_analyzer failed: {exc}")
-        return 0.0
+    row = csv_run(cmd, out, f"{server.name} {model} {proto} c={c}")
+    return 0.0 if row is None else float(row["Inferences/Second"])
 
 
 def main() -> int:

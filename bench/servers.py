@@ -1,11 +1,14 @@
 """Servers under benchmark: free loopback ports, a server process in its own session that is
-stopped by its PID, and the ``sluice serve`` command line the bench scripts share.
+stopped by its PID, the ``sluice serve`` command line the bench scripts share, what a server
+says it served, and one load-generator run read from its CSV.
 
 Imported by the scripts in this folder (``python bench/<script>.py`` puts it on ``sys.path``).
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import signal
 import socket
@@ -95,3 +98,29 @@ def start_sluice(
         *extra,
     ]
     return Server("sluice", cmd, http, grpc, log, cwd)
+
+
+def served(srv: Server, model: str) -> int:
+    """The successful requests ``model`` has counted (its statistics, every version)."""
+    url = f"http://127.0.0.1:{srv.http}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return int(json.loads(r.read())["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def csv_run(
+    cmd: Sequence[str], out: Path, what: str, timeout: float = 120
+) -> dict[str, str] | None:
+    """Run a perf_analyzer-style command that writes its CSV (``-f``) to ``out``; the first
+    row, or None (said on stderr, with ``what``) when it timed out, failed or wrote none."""
+    out.unlink(missing_ok=True)
+    try:
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  {what}: timed out", file=sys.stderr)
+        return None
+    if r.returncode != 0 or not out.exists():
+        tail = (r.stdout + r.stderr)[-300:].strip()
+        print(f"  {what} failed rc={r.returncode}: {tail}", file=sys.stderr)
+        return None
+    with out.open() as f:
+        return next(csv.DictReader(f), None)

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from servers import Server, start_sluice
+from servers import Server, csv_run, served, start_sluice
 
 ROOT = Path(__file__).resolve().parent.parent
 PA = Path("/tmp/peers/bin/perf_analyzer")
@@ -57,17 +55,9 @@ def run_cell(
         cmd = [str(PA), *flags]
     else:
         cmd = [sys.executable, "-m", "sluice", "perf", *flags, "--no-progress"]
-    out.unlink(missing_ok=True)
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        print(f"  {proto} c={c}: timed out", file=sys.stderr)
+    row = csv_run(cmd, out, f"{proto} c={c}")
+    if row is None:
         return None
-    if r.returncode != 0 or not out.exists():
-        print(f"  {proto} c={c} failed rc={r.returncode}: {r.stderr[-300:]}", file=sys.stderr)
-        return None
-    with out.open() as f:
-        row = next(csv.DictReader(f))
     return {
         "thr": float(row["Inferences/Second"]),
         "p50": int(row["p50 latency"]) / 1000,
@@ -80,12 +70,6 @@ def cpu_seconds(srv: Server) -> float:
     work in both arms; the tracing is done here)."""
     t = psutil.Process(srv.proc.pid).cpu_times()
     return float(t.user + t.system)
-
-
-def requests_served(srv: Server) -> int:
-    url = f"http://127.0.0.1:{srv.http}/v2/models/add_sub/stats"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return int(json.loads(r.read())["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
 async def core_cost(work: Path, n: int, rounds: int) -> list[tuple[float, float]]:
@@ -180,14 +164,14 @@ def main() -> int:
                         order = [False, True] if rnd % 2 == 0 else [True, False]
                         for on in order:
                             set_tracing(srv, on)
-                            before = requests_served(srv)
+                            before = served(srv, "add_sub")
                             cpu0 = cpu_seconds(srv)
                             got = run_cell(srv, proto, c, args, work / "out.csv")
-                            served = requests_served(srv) - before
+                            count = served(srv, "add_sub") - before
                             if on:
-                                traced_requests += served
+                                traced_requests += count
                             if got is not None:
-                                got["cpu"] = (cpu_seconds(srv) - cpu0) / max(served, 1) * 1e6
+                                got["cpu"] = (cpu_seconds(srv) - cpu0) / max(count, 1) * 1e6
                                 arms[on] = got
                             label = "on " if on else "off"
                             shown = (
