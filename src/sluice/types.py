@@ -35,7 +35,9 @@ class InferRequest:
     input_datatypes: dict[str, str] = field(default_factory=dict)
     outputs: list[OutputSpec] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
-    # Filled by the service: monotonic ns at arrival.
+    # When the server had the whole request (time.monotonic_ns): set by the front-end (the
+    # native gRPC edge's receipt, HTTP's end of body, a BLS call's exec()); 0 = when the
+    # serving path got it. Statistics and the batcher's max_queue_delay count from it.
     arrival_ns: int = 0
     # Decoupled models: the serving path's queue for the model's 0..N responses (and the
     # ServerError that ends a stream early), set before the request is submitted.

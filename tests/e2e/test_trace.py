@@ -36,7 +36,7 @@ from tests.e2e.helpers import (
     request,
     wait_until,
 )
-from tests.zoo import copy_example, gated_model, write_model
+from tests.zoo import copy_example, gated_model, identity, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -420,6 +420,36 @@ def test_the_next_queued_request_starts_before_the_finished_one_is_answered(
     by_id = {t["request_id"]: t["stamps"] for t in load(out).values()}
     first, second = by_id["r0"], by_id["r1"]
     assert first["COMPUTE_END"] < second["COMPUTE_START"] < first["HTTP_SEND_START"]
+
+
+def test_a_lone_request_waits_its_batch_window_from_its_arrival_not_its_enqueue(
+    tmp_path: Path, start_server
+):
+    # What the server recorded (its trace file): a lone request's max_queue_delay counts from
+    # when the front-end had it (HTTP_RECV_END), so a request whose decoding alone outlasted
+    # the window runs as soon as it is queued, while a small one still waits the window out.
+    # Triton counts from the enqueue: the large one would wait the whole window again.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    window_ns = 20_000_000
+    identity(repo, "batched", extra="dynamic_batching { max_queue_delay_microseconds: 20000 }")
+    out = tmp_path / "trace.json"
+    srv = start_server(repo, *trace_flags(out, "--trace-config=rate=1"))
+    c = http_client(srv)
+    try:
+        for rid, n in (("large", 4_000_000), ("small", 4)):
+            i = httpclient.InferInput("INPUT0", [1, n], "FP32")
+            i.set_data_from_numpy(np.ones((1, n), np.float32), binary_data=False)  # JSON
+            c.infer("batched", [i], request_id=rid)
+    finally:
+        c.close()
+    stop_ok(srv)
+    by_id = {t["request_id"]: t["stamps"] for t in load(out).values()}
+    large, small = by_id["large"], by_id["small"]
+    decoding = large["QUEUE_START"] - large["HTTP_RECV_END"]
+    assert decoding > window_ns, f"decoding 4M JSON numbers took only {decoding} ns"
+    assert large["COMPUTE_START"] - large["QUEUE_START"] < window_ns
+    assert small["COMPUTE_START"] - small["HTTP_RECV_END"] >= window_ns
 
 
 def test_ensemble_and_bls_children_and_tensors(tmp_path: Path, start_server):

@@ -3,8 +3,16 @@ from collections import deque
 from sluice.scheduling.policy import BatchPolicy, Job, take_batch
 
 
-def job(bs=1, shape=((4,),), t=0, level=0):
-    return Job(request=None, future=None, batch_size=bs, shape_key=shape, enqueue_ns=t, level=level)
+def job(bs=1, shape=((4,),), t=0, level=0, arrival=0):
+    return Job(
+        request=None,
+        future=None,
+        batch_size=bs,
+        shape_key=shape,
+        enqueue_ns=t,
+        level=level,
+        arrival_ns=arrival,
+    )
 
 
 def q(*jobs):
@@ -31,6 +39,29 @@ def test_waits_for_delay_then_runs_partial():
     queues = q(job(t=100), job(t=200))
     assert take_batch(queues, p, 500) == (0, 1100)
     assert take_batch(queues, p, 1100) == (2, 0)
+
+
+def test_a_lone_request_waits_from_its_arrival_in_the_server():
+    # received by the front-end at 40, queued at 100: the front-end's 60 ns count against
+    # the 1000 ns window, so the batch is due at 1040, not 1100
+    p = BatchPolicy(dynamic=True, max_batch_size=8, max_delay_ns=1000)
+    queues = q(job(t=100, arrival=40))
+    assert take_batch(queues, p, 500) == (0, 1040)
+    assert take_batch(queues, p, 1040) == (1, 0)
+
+
+def test_a_forming_batch_waits_from_the_oldest_enqueue_as_triton():
+    # once a second request has joined, the window is Triton's again (from the head's
+    # enqueue), so batches under load are not cut short by front-end time
+    p = BatchPolicy(dynamic=True, max_batch_size=8, max_delay_ns=1000)
+    queues = q(job(t=100, arrival=40), job(t=300, arrival=250))
+    assert take_batch(queues, p, 1040) == (0, 1100)
+    assert take_batch(queues, p, 1100) == (2, 0)
+
+
+def test_a_request_without_an_arrival_waits_from_its_enqueue():
+    p = BatchPolicy(dynamic=True, max_batch_size=8, max_delay_ns=1000)
+    assert take_batch(q(job(t=100)), p, 500) == (0, 1100)
 
 
 def test_preferred_size_runs_at_once():

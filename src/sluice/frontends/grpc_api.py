@@ -60,6 +60,9 @@ OPERATIONS_SERVICE = "sluice.Operations"
 
 _UnaryHandler = Callable[[Any], Awaitable[Message]]
 _T = TypeVar("_T")
+# A ModelInfer message as the native edge reads it: decoded, or (while tracing) split, with
+# the time it was received
+_Read = InferRequest | tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None, int]
 
 _UNSUPPORTED = {
     "CudaSharedMemoryRegister": "CUDA shared memory without a GPU (this server has none)",
@@ -140,32 +143,34 @@ class GrpcHandlers:
         response = await self.service.infer(req, protocol="ModelInfer RPC")
         return codec.encode_infer_response(response, req)
 
-    def read_model_infer(
-        self, payload: bytes | memoryview
-    ) -> InferRequest | tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None]:
-        """The native edge's parse of a ``ModelInfer`` message: decoded at once
-        (``codec.read_model_infer``: a repeated layout skips protobuf), or while tracing
-        is on, only split (``codec.parse_model_infer``) so that a trace times the decoding."""
+    def read_model_infer(self, payload: bytes | memoryview, received_ns: int = 0) -> _Read:
+        """The native edge's parse of a ``ModelInfer`` message received at ``received_ns``
+        (the request's ``arrival_ns``): decoded at once (``codec.read_model_infer``: a
+        repeated layout skips protobuf), or while tracing is on, only split
+        (``codec.parse_model_infer``) so that a trace times the decoding."""
         if self.tracer.on:
-            return codec.parse_model_infer(payload)
-        return codec.read_model_infer(payload)
+            msg, raws = codec.parse_model_infer(payload)
+            return msg, raws, received_ns
+        req = codec.read_model_infer(payload)
+        req.arrival_ns = received_ns
+        return req
 
-    async def model_infer_parts(
-        self,
-        request: InferRequest | tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None],
-    ) -> list[bytes | memoryview]:
+    async def model_infer_parts(self, request: _Read) -> list[bytes | memoryview]:
         """``ModelInfer`` on the wire format (the native edge): the request as
         ``read_model_infer`` gives it, the response serialized as parts whose
         concatenation is the ModelInferResponse. Tensors are never copied by protobuf."""
         if isinstance(request, InferRequest):
             req = request
         else:
-            msg, raws = request
+            msg, raws, received_ns = request
             if self.tracer.on:
                 trace = self.tracer.sample(msg.model_name)
                 if trace is not None:
-                    return await self._traced(msg, raws, trace, codec.encode_infer_response_parts)
+                    return await self._traced(
+                        msg, raws, trace, codec.encode_infer_response_parts, received_ns
+                    )
             req = codec.decode_infer_request(msg, raws)
+            req.arrival_ns = received_ns
         response = await self.service.infer(req, protocol="ModelInfer RPC")
         return codec.encode_infer_response_parts(response, req)
 
@@ -175,6 +180,7 @@ class GrpcHandlers:
         raws: Sequence[bytes | memoryview] | None,
         trace: Any,
         encode: Callable[[InferResponse, InferRequest], _T],
+        received_ns: int = 0,
     ) -> _T:
         """``ModelInfer`` of a sampled request. Either edge has read and parsed the message
         before a handler runs: GRPC_WAITREAD_START is the handler's start and
@@ -185,6 +191,7 @@ class GrpcHandlers:
             req = codec.decode_infer_request(msg, raws)
             trace.stamp("GRPC_WAITREAD_END")
             req.trace = trace
+            req.arrival_ns = received_ns
             response = await self.service.infer(req, protocol="ModelInfer RPC")
             trace.stamp("INFER_RESPONSE_COMPLETE")
             trace.stamp("GRPC_SEND_START")
@@ -206,12 +213,15 @@ class GrpcHandlers:
         return self._stream(msg, None, _stream_message, _as_is)
 
     def stream_parts(
-        self, request: tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None]
+        self,
+        request: tuple[pb.ModelInferRequest, Sequence[bytes | memoryview] | None],
+        received_ns: int = 0,
     ) -> AsyncGenerator[list[bytes | memoryview], None]:
         """``stream`` on the wire format (the native edge): the request as
-        ``codec.parse_model_infer`` splits it; each response serialized as parts."""
+        ``codec.parse_model_infer`` splits it, received at ``received_ns``; each response
+        serialized as parts."""
         msg, raws = request
-        return self._stream(msg, raws, _stream_parts, _serialized)
+        return self._stream(msg, raws, _stream_parts, _serialized, received_ns)
 
     async def _stream(
         self,
@@ -219,6 +229,7 @@ class GrpcHandlers:
         raws: Sequence[bytes | memoryview] | None,
         encode: Callable[[InferResponse, InferRequest], _T],
         error: Callable[[pb.ModelStreamInferResponse], _T],
+        received_ns: int = 0,
     ) -> AsyncGenerator[_T, None]:
         trace = None
         try:
@@ -227,6 +238,7 @@ class GrpcHandlers:
                 if trace is not None:
                     trace.stamp("GRPC_WAITREAD_START")
             req = codec.decode_infer_request(msg, raws)
+            req.arrival_ns = received_ns
             if trace is not None:
                 trace.stamp("GRPC_WAITREAD_END")
                 req.trace = trace

@@ -26,6 +26,7 @@ import contextlib
 import gzip
 import json
 import socket
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
 from typing import Any
@@ -596,6 +597,7 @@ class HttpFrontend:
         self, scope: Scope, receive: Receive, model: str, version: str, trace: Any = None
     ) -> Result:
         body = await _read_body(receive)
+        received_ns = time.monotonic_ns()
         if trace is not None:
             trace.stamp("HTTP_RECV_END")
         header_length: int | None = None
@@ -613,6 +615,7 @@ class HttpFrontend:
             elif key == b"accept-encoding":
                 accept = value
         request = read_infer_request(body, model, version, header_length)
+        request.arrival_ns = received_ns
         if trace is not None:
             request.trace = trace
         response = await self.service.infer(request, protocol="HTTP end point")

@@ -7,6 +7,12 @@ Rules (Triton's dynamic batcher):
 - It runs at once when it is full (max_batch_size reached, or the next job cannot join),
   or when it reaches a preferred batch size; otherwise when the oldest job has waited
   max_queue_delay. Without dynamic batching each request is its own batch.
+- sluice's one departure: a job *alone* in the queue waits max_queue_delay counted from its
+  arrival in the server (``Job.arrival_ns``: when the front-end had the whole request, or a
+  BLS call was made), not from its enqueue, so the front-end's hand-off, parse and
+  validation are inside its window instead of added to it (at low load the delay is pure
+  added latency). Once two or more jobs are waiting to batch, the window counts from the
+  oldest one's enqueue, as Triton's, so batches under load form exactly as there.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Job", "BatchPolicy", "take_batch"]
+__all__ = ["Job", "BatchPolicy", "take_batch", "window_start"]
 
 
 @dataclass(slots=True, eq=False)
@@ -27,6 +33,7 @@ class Job:
     enqueue_ns: int
     deadline_ns: int = 0  # 0 = no timeout
     level: int = 0  # index into the priority queues (0 = highest)
+    arrival_ns: int = 0  # when the request reached the server (<= enqueue_ns); 0 = enqueue_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +77,13 @@ def take_batch(queues: list[deque[Job]], policy: BatchPolicy, now_ns: int) -> tu
         return n, 0
     if best_preferred_n:
         return best_preferred_n, 0
-    deadline = head.enqueue_ns + policy.max_delay_ns
+    deadline = window_start(head, n) + policy.max_delay_ns
     if now_ns >= deadline:
         return n, 0
     return 0, deadline
+
+
+def window_start(head: Job, n: int) -> int:
+    """When the max_queue_delay of a batch of ``n`` jobs led by ``head`` started: a lone job's
+    at its arrival in the server, a forming batch's at its oldest job's enqueue."""
+    return (head.arrival_ns or head.enqueue_ns) if n == 1 else head.enqueue_ns

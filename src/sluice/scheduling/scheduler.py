@@ -128,8 +128,16 @@ class Scheduler:
         ):
             timeout_ns = timeout_us * 1000
         fut: asyncio.Future[InferResponse] = self._loop.create_future()
+        arrival = request.arrival_ns
         job = Job(
-            request, fut, batch_size, shape_key, now, now + timeout_ns if timeout_ns else 0, level
+            request,
+            fut,
+            batch_size,
+            shape_key,
+            now,
+            now + timeout_ns if timeout_ns else 0,
+            level,
+            arrival if arrival <= now else now,
         )
         self._queues[level].append(job)
         self._queued += 1

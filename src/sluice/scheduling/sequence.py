@@ -12,7 +12,7 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
   arrival order.
 - A batch takes at most one request per sequence, oldest first, up to ``max_batch_size``
   (``direct``: the sequences bound to the free instance; ``oldest`` too, batching across
-  them with ``max_queue_delay_microseconds``). Unlike Triton's ``direct``, no "null"
+  them with ``max_queue_delay_microseconds``, whose window starts as in ``policy.py``). Unlike Triton's ``direct``, no "null"
   requests (READY=0) pad a batch: the model sees only real requests.
 - Control inputs (``control_input``) are added to each request: START, END and READY with
   the config's false/true values and type, CORRID with its data type, shape [1] (plus the
@@ -44,7 +44,7 @@ from ..errors import InvalidArgument
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
-from .policy import Job
+from .policy import Job, window_start
 from .scheduler import Scheduler
 from .state import implicit_state
 
@@ -141,7 +141,17 @@ class SequenceScheduler(Scheduler):
         seq.last_ns = now
         self._add_controls(request, corr, start, end)
         fut: asyncio.Future[InferResponse] = self._loop.create_future()
-        seq.pending.append(Job(request, fut, batch_size, shape_key, now))
+        arrival = request.arrival_ns
+        seq.pending.append(
+            Job(
+                request,
+                fut,
+                batch_size,
+                shape_key,
+                now,
+                arrival_ns=arrival if arrival <= now else now,
+            )
+        )
         self._queued += 1
         self.stats.pending += 1
         if not self._dispatch_soon:
@@ -197,7 +207,7 @@ class SequenceScheduler(Scheduler):
             else:
                 chosen = ready[:1]
             if self._oldest and len(chosen) < self._max_batch and self._delay_ns:
-                due = chosen[0].pending[0].enqueue_ns + self._delay_ns
+                due = window_start(chosen[0].pending[0], len(chosen)) + self._delay_ns
                 if now < due:
                     wait_until = due if not wait_until else min(wait_until, due)
                     continue

@@ -113,6 +113,7 @@ class BlsCalls:
             outputs=[OutputSpec(n) for n in msg.outputs] or None,
             parameters=params if isinstance(params, dict) else {},
             callers=callers,
+            arrival_ns=msg.sent_ns,
         )
         if msg.trace is not None:  # trace=request.trace(): a child of the caller's trace
             caller = inst.request_of(msg.trace)

@@ -167,6 +167,7 @@ class BlsCall:
     # trace=request.trace(): the calling request as (execution id, index in it); its trace, if
     # it has one, gets this call as a child
     trace: tuple[int, int] | None = None
+    sent_ns: int = 0  # time.monotonic_ns() at exec(): the call's arrival in the server
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -192,6 +193,7 @@ class Runtime:
             int(request.timeout() or 0),
             decoupled,
             request._trace,
+            time.monotonic_ns(),
         )
         channel = self.channel
         channel.expect(call_id)

@@ -2,8 +2,10 @@
 
 Rules of this file:
 - The extension (``_edge``, built from ``_edge.cc`` by ``build.py``) only moves whole
-  messages: gRPC's threads queue (call id, kind, method path, bytes) events and wake the
-  asyncio loop through an eventfd; every wake-up drains all pending events.
+  messages: gRPC's threads queue (call id, kind, method path, bytes, time received) events
+  and wake the asyncio loop through an eventfd; every wake-up drains all pending events.
+  An inference request's ``arrival_ns`` is the time its message was received, so the
+  hand-off to the loop counts as time in the server (statistics, the batcher's delay).
 - Dispatch is by method path to the same ``GrpcHandlers`` the ``grpc.aio`` edge serves; an
   error is mapped once, here, with ``frontends.errors.grpc_error``.
 - Inference travels in the wire format: ``ModelInfer`` requests are decoded by
@@ -117,11 +119,23 @@ def tune_malloc() -> bool:
 
 
 _Data = bytes | list[bytes | memoryview]  # a message, or buffers that concatenate to one
-_Entry = tuple[str, Callable[[bytes], Any], Callable[[Any], Awaitable[Any]], Callable[[Any], _Data]]
+# (name, parse(payload, received_ns), handler, serialize)
+_Entry = tuple[
+    str, Callable[[Any, int], Any], Callable[[Any], Awaitable[Any]], Callable[[Any], _Data]
+]
 
 
 def _serialize(msg: Message) -> bytes:
     return msg.SerializeToString()
+
+
+def _message(cls: type[Message]) -> Callable[[Any, int], Message]:
+    parse = cls.FromString
+    return lambda payload, _received_ns: parse(payload)
+
+
+def _raw(payload: Any, _received_ns: int) -> bytes:
+    return bytes(payload)
 
 
 def _as_is(parts: _Data) -> _Data:
@@ -147,7 +161,7 @@ class NativeGrpcServer:
         self._edge = _edge.Edge()
         # method path -> (name, parse, handler, serialize)
         self._unary: dict[str, _Entry] = {
-            f"/{SERVICE_NAME}/{name}": (name, cls.FromString, handler, _serialize)
+            f"/{SERVICE_NAME}/{name}": (name, _message(cls), handler, _serialize)
             for name, (cls, handler) in unary_methods(handlers).items()
         }
         self._unary[f"/{SERVICE_NAME}/ModelInfer"] = (
@@ -157,7 +171,7 @@ class NativeGrpcServer:
             _as_is,
         )
         for name, op in operation_methods(handlers).items():  # JSON bytes in and out
-            self._unary[f"/{OPERATIONS_SERVICE}/{name}"] = (name, bytes, op, _as_is)
+            self._unary[f"/{OPERATIONS_SERVICE}/{name}"] = (name, _raw, op, _as_is)
         self._stream_path = f"/{SERVICE_NAME}/{STREAM_METHOD}"
         self._calls: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, _Stream] = {}
@@ -230,7 +244,7 @@ class NativeGrpcServer:
     def _on_events(self) -> None:
         loop = self._loop
         assert loop is not None
-        for cid, kind, method, payload in self._edge.drain():
+        for cid, kind, method, payload, received_ns in self._edge.drain():
             if kind == _edge.EV_CALL:
                 if self._policy is not None:
                     context = self._admit(cid, method, payload)
@@ -242,7 +256,7 @@ class NativeGrpcServer:
                     entry = self._unary.get(method)
                     if entry is not None:
                         self._calls[cid] = loop.create_task(
-                            self._unary_call(cid, entry, payload), context=context
+                            self._unary_call(cid, entry, payload, received_ns), context=context
                         )
                         continue
                 if method == self._stream_path:
@@ -252,12 +266,15 @@ class NativeGrpcServer:
                 if entry is None:
                     self._finish(cid, _UNIMPLEMENTED, "Method not found!", None)
                     continue
-                self._calls[cid] = loop.create_task(self._unary_call(cid, entry, payload))
+                self._calls[cid] = loop.create_task(
+                    self._unary_call(cid, entry, payload, received_ns)
+                )
             elif kind == _edge.EV_MESSAGE:
                 stream = self._streams.get(cid)
                 if stream is not None:
                     task = loop.create_task(
-                        self._stream_call(cid, stream, payload), context=stream.context
+                        self._stream_call(cid, stream, payload, received_ns),
+                        context=stream.context,
                     )
                     stream.tasks.add(task)
             elif kind == _edge.EV_HALF_CLOSE:
@@ -293,7 +310,7 @@ class NativeGrpcServer:
                 policy, entry = self._policy, self._unary.get(method)
                 if policy is not None and policy.audit is not None and entry is not None:
                     try:  # a refused control action is recorded with what it named
-                        request = entry[1](payload) if payload is not None else None
+                        request = entry[1](payload, 0) if payload is not None else None
                     except DecodeError:
                         request = None
                     if request is not None:
@@ -304,11 +321,11 @@ class NativeGrpcServer:
         return context
 
     # --- calls ----------------------------------------------------------------
-    async def _unary_call(self, cid: int, entry: _Entry, payload: bytes) -> None:
+    async def _unary_call(self, cid: int, entry: _Entry, payload: bytes, received_ns: int) -> None:
         name, parse, handler, serialize = entry
         try:
             try:
-                request = parse(payload)
+                request = parse(payload, received_ns)
             except DecodeError as exc:  # the client's bytes: INVALID_ARGUMENT, not INTERNAL
                 raise InvalidArgument(
                     f"cannot parse the {name} request message: it is not a valid "
@@ -325,7 +342,9 @@ class NativeGrpcServer:
         finally:
             self._calls.pop(cid, None)
 
-    async def _stream_call(self, cid: int, stream: _Stream, payload: bytes) -> None:
+    async def _stream_call(
+        self, cid: int, stream: _Stream, payload: bytes, received_ns: int
+    ) -> None:
         task = asyncio.current_task()
         try:
             try:
@@ -336,7 +355,7 @@ class NativeGrpcServer:
                 )
                 self._write(cid, response.SerializeToString())
             else:
-                async for parts in self.handlers.stream_parts(request):
+                async for parts in self.handlers.stream_parts(request, received_ns):
                     self._write(cid, parts)
         except asyncio.CancelledError:
             return

@@ -42,6 +42,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -77,7 +78,17 @@ struct Event {
   grpc::ByteBuffer payload;  // EV_CALL (unary) and EV_MESSAGE, unless flat
   FlatBuffer flat{};  // the payload made contiguous (large messages)
   size_t flat_len = 0;
+  int64_t received_ns = 0;  // EV_MESSAGE and a unary EV_CALL: when gRPC handed it over
 };
+
+// CLOCK_MONOTONIC in ns: the clock of Python's time.monotonic_ns(), so that Python can count
+// a request's time in the server from when its message was received, not from when the
+// asyncio thread got to it.
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
 
 // Flattens a large payload into `ev.flat` (gRPC thread; no Python). False: left as it was.
 bool Flatten(Event& ev) {
@@ -431,6 +442,7 @@ void Call::OnRead(bool ok) {
     if (done_) return;  // cancelled while its message arrived: Python need not start it
   }
   Event ev{id_, first_ ? EV_CALL : EV_MESSAGE, first_ ? ctx_.method() : std::string(), {}};
+  ev.received_ns = MonotonicNs();
   ev.payload.Swap(&in_);
   if (streaming_ && first_) {
     // Open the stream in Python first, then hand over its first message.
@@ -714,8 +726,9 @@ PyObject* payload_view(Event& ev) {
   return view;
 }
 
-// drain() -> [(id, kind, method or None, payload or None), ...]; a payload is bytes, or a
-// read-only memoryview for a large message
+// drain() -> [(id, kind, method or None, payload or None, received_ns), ...]; a payload is
+// bytes, or a read-only memoryview for a large message; received_ns is when gRPC handed the
+// message over (CLOCK_MONOTONIC, as time.monotonic_ns()), 0 for an event without one
 PyObject* PyEdge_drain(PyEdge* self, PyObject*) {
   self->edge->ReleaseLent();
   std::vector<Event> events = self->edge->Take();
@@ -759,8 +772,8 @@ PyObject* PyEdge_drain(PyEdge* self, PyObject*) {
       payload = Py_None;
       Py_INCREF(Py_None);
     }
-    PyObject* tup = Py_BuildValue("(KiNN)", static_cast<unsigned long long>(ev.id), ev.kind,
-                                  method, payload);
+    PyObject* tup = Py_BuildValue("(KiNNL)", static_cast<unsigned long long>(ev.id), ev.kind,
+                                  method, payload, static_cast<long long>(ev.received_ns));
     if (!tup) {
       Py_DECREF(list);
       return nullptr;
@@ -906,7 +919,7 @@ PyMethodDef PyEdge_methods[] = {
     {"fileno", reinterpret_cast<PyCFunction>(PyEdge_fileno), METH_NOARGS,
      "the eventfd that turns readable when events are pending"},
     {"drain", reinterpret_cast<PyCFunction>(PyEdge_drain), METH_NOARGS,
-     "drain() -> [(id, kind, method, payload)]"},
+     "drain() -> [(id, kind, method, payload, received_ns)]"},
     {"write", reinterpret_cast<PyCFunction>(PyEdge_write), METH_VARARGS,
      "write(id, message): one message on a stream (queued until flush())"},
     {"finish", reinterpret_cast<PyCFunction>(PyEdge_finish), METH_VARARGS,
