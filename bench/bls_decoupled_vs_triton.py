@@ -137,6 +137,10 @@ def measure(
         str(out),
     ]
     if model == "repeat100":
+        # 100 responses per request over one stream vary more window to window than
+        # perf_analyzer's 10% allows (measured: sluice 245-330 req/s at c=1 in one server's
+        # life, no drift), so it often gave up; 25% keeps the figure and ends the failures
+        cmd[cmd.index("-s") + 1] = "25"
         cmd += ["--streaming", "--input-data", str(root / "repeat100.json")]
     else:
         cmd += ["--input-data", "zero"]
