@@ -33,7 +33,7 @@ class Job:
     enqueue_ns: int
     deadline_ns: int = 0  # 0 = no timeout
     level: int = 0  # index into the priority queues (0 = highest)
-    arrival_ns: int = 0  # when the request reached the server (<= enqueue_ns); 0 = enqueue_ns
+    arrival_ns: int = 0  # when the request reached the server (``InferRequest.arrival_ns``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,5 +85,8 @@ def take_batch(queues: list[deque[Job]], policy: BatchPolicy, now_ns: int) -> tu
 
 def window_start(head: Job, n: int) -> int:
     """When the max_queue_delay of a batch of ``n`` jobs led by ``head`` started: a lone job's
-    at its arrival in the server, a forming batch's at its oldest job's enqueue."""
-    return (head.arrival_ns or head.enqueue_ns) if n == 1 else head.enqueue_ns
+    at its arrival in the server, a forming batch's at its oldest job's enqueue (also where
+    the arrival is unknown, 0, or not before the enqueue)."""
+    if n == 1 and 0 < head.arrival_ns < head.enqueue_ns:
+        return head.arrival_ns
+    return head.enqueue_ns

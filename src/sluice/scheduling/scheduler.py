@@ -128,7 +128,6 @@ class Scheduler:
         ):
             timeout_ns = timeout_us * 1000
         fut: asyncio.Future[InferResponse] = self._loop.create_future()
-        arrival = request.arrival_ns
         job = Job(
             request,
             fut,
@@ -137,7 +136,7 @@ class Scheduler:
             now,
             now + timeout_ns if timeout_ns else 0,
             level,
-            arrival if arrival <= now else now,
+            request.arrival_ns,
         )
         self._queues[level].append(job)
         self._queued += 1

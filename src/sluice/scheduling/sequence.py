@@ -12,8 +12,9 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
   arrival order.
 - A batch takes at most one request per sequence, oldest first, up to ``max_batch_size``
   (``direct``: the sequences bound to the free instance; ``oldest`` too, batching across
-  them with ``max_queue_delay_microseconds``, whose window starts as in ``policy.py``). Unlike Triton's ``direct``, no "null"
-  requests (READY=0) pad a batch: the model sees only real requests.
+  them with ``max_queue_delay_microseconds``, whose window starts as in ``policy.py``).
+  Unlike Triton's ``direct``, no "null" requests (READY=0) pad a batch: the model sees only
+  real requests.
 - Control inputs (``control_input``) are added to each request: START, END and READY with
   the config's false/true values and type, CORRID with its data type, shape [1] (plus the
   batch dimension when the model batches).
@@ -141,16 +142,8 @@ class SequenceScheduler(Scheduler):
         seq.last_ns = now
         self._add_controls(request, corr, start, end)
         fut: asyncio.Future[InferResponse] = self._loop.create_future()
-        arrival = request.arrival_ns
         seq.pending.append(
-            Job(
-                request,
-                fut,
-                batch_size,
-                shape_key,
-                now,
-                arrival_ns=arrival if arrival <= now else now,
-            )
+            Job(request, fut, batch_size, shape_key, now, arrival_ns=request.arrival_ns)
         )
         self._queued += 1
         self.stats.pending += 1
