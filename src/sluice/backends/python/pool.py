@@ -65,7 +65,7 @@ def describe_exit(exitcode: int | None) -> str:
 class _Child:
     """One spawned process and its pipe; a restart makes a new one."""
 
-    __slots__ = ("proc", "conn", "tx", "ready", "exited", "released", "kill_error")
+    __slots__ = ("proc", "conn", "tx", "ready", "exited", "released", "kill_error", "gone")
 
     def __init__(self, proc: Any, conn: Connection, tx: Connection) -> None:
         self.proc = proc
@@ -75,6 +75,9 @@ class _Child:
         self.exited = False
         self.released = False  # reaped and closed: its process object is no longer usable
         self.kill_error: ServerError | None = None  # why the server killed it (a timeout)
+        # set once it is known to be dying (killed, or its exit seen); resolved when it is
+        # reaped and, where it restarts, its replacement's start has begun
+        self.gone: asyncio.Future[None] | None = None
 
 
 class WorkerClient:
@@ -181,6 +184,8 @@ class WorkerClient:
         )
         if child is self._child and not child.exited and child.kill_error is None:
             child.kill_error = err
+            child.ready = False  # nothing more is sent to it: later calls wait for the new one
+            self._mark_gone(child)
             log.warning("%s", err)
             with contextlib.suppress(ValueError, OSError):
                 child.proc.kill()
@@ -220,12 +225,22 @@ class WorkerClient:
     # ---- start / exit -------------------------------------------------------------------
 
     async def _ensure_started(self) -> None:
-        if self._stopping:
-            raise ServerError(f"{self.label} is stopping", Status.UNAVAILABLE)
-        task = self._start_task
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._start_task = asyncio.ensure_future(self._spawn())
-        await asyncio.shield(task)
+        while True:
+            if self._stopping:
+                raise ServerError(f"{self.label} is stopping", Status.UNAVAILABLE)
+            child = self._child
+            if child is not None and child.ready:
+                return
+            if child is not None and child.gone is not None:
+                # killed or dead, not yet reaped: its replacement starts once it is; a
+                # call must wait for that, never be sent to (and fail with) the old one
+                await asyncio.shield(child.gone)
+                continue
+            task = self._start_task
+            if task is None or (task.done() and child is None):
+                task = self._start_task = asyncio.ensure_future(self._spawn())
+            await asyncio.shield(task)
+            return
 
     async def _spawn(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -304,7 +319,8 @@ class WorkerClient:
         if child.exited:
             return
         child.exited = True
-        was_ready, child.ready = child.ready, False
+        was_ready, child.ready = child.ready or child.kill_error is not None, False
+        self._mark_gone(child)
         # Replies written just before the exit are still in the pipe: deliver them first.
         try:
             while child.conn.poll(0):
@@ -352,6 +368,10 @@ class WorkerClient:
         with contextlib.suppress(Exception):
             loop.remove_reader(child.proc.sentinel)
 
+    def _mark_gone(self, child: _Child) -> None:
+        if child.gone is None and self._loop is not None:
+            child.gone = self._loop.create_future()
+
     def _release(self, child: _Child) -> None:
         """Readers off, process reaped (terminate / kill when needed), pipe closed."""
         if child.released:
@@ -364,6 +384,14 @@ class WorkerClient:
             child.conn.close()
         with contextlib.suppress(Exception):
             child.tx.close()
+        self._settle_gone(child)
+
+    def _settle_gone(self, child: _Child) -> None:
+        """Wake the calls waiting for ``child``'s replacement (``_start_task`` is set by now
+        where it restarts; where it does not, they start one or see ``stopping``)."""
+        gone = child.gone
+        if gone is not None and not gone.done():
+            gone.set_result(None)
 
     def _fail_pending(self, exc: ServerError) -> None:
         if self.on_failure is not None:
