@@ -167,7 +167,9 @@ class InferenceService:
         for name, (region, offset, size, datatype, shape) in request.shm_inputs.items():
             dtype = kserve_to_numpy(datatype)
             assert dtype is not None
-            request.inputs[name] = self.shm.read(region, offset, size, dtype, shape, name)
+            request.inputs[name] = self.shm.read(
+                region, offset, size, dtype, shape, name, request.model_name
+            )
 
     def _write_shm_outputs(self, request: InferRequest, response: InferResponse) -> None:
         """Outputs asked for in shared memory are copied into their region; the encoders then
