@@ -51,6 +51,8 @@ class TritonPythonModel:
                 if v == -1.0:  # hang: the server's execute_timeout_ms kills this worker
                     while True:
                         time.sleep(3600)
+                while not os.path.exists(self.marker + ".go"):  # the test's gate
+                    time.sleep(0.005)
                 os._exit(3)  # crash
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]))
         return out
@@ -91,9 +93,16 @@ def _counts(srv: Any) -> tuple[int, int]:
     return int(s["success"]["count"]), int(s["fail"]["count"])
 
 
-def _marker(module_repo: Path) -> Path:
+def _marker(module_repo: Path, gate_open: bool = True) -> Path:
+    """The file the poisoned request writes its worker's pid to (removed); a crash waits for
+    ``<marker>.go`` (created here unless ``gate_open`` is false)."""
     marker = module_repo.parent / "fault.pid"
     marker.unlink(missing_ok=True)
+    gate = Path(f"{marker}.go")
+    if gate_open:
+        gate.touch()
+    else:
+        gate.unlink(missing_ok=True)
     return marker
 
 
@@ -142,22 +151,23 @@ def test_under_load_only_the_poisoned_request_fails(
 ) -> None:
     """Eight clients (HTTP and gRPC) keep the queue full while one request hangs or crashes
     the worker: exactly that request fails; every other gets its own value doubled; the
-    statistics' success and failure counts equal what the clients saw."""
-    marker = _marker(module_repo)
+    statistics' success and failure counts equal what the clients saw. The crash waits for
+    a gate that opens once the server counts at least four requests waiting behind it."""
+    marker = _marker(module_repo, gate_open=False)
     ok0, fail0 = _counts(server)
     results: list[tuple[float, str]] = []
     lock = threading.Lock()
     stop = threading.Event()
-    per_client = 40
+    cap = 2000  # each client's bound; the run ends long before on the stop event
 
     def client_loop(idx: int) -> None:
         use_grpc = idx % 2 == 1
         client: Any = grpc_client(server) if use_grpc else http_client(server, timeout=60)
         try:
-            for k in range(per_client):
-                if stop.is_set() and k >= 5:
+            for k in range(cap):
+                if stop.is_set():
                     break
-                value = float(1000 * (idx + 1) + k)
+                value = float(10000 * (idx + 1) + k)
                 try:
                     out = _grpc_infer(client, value) if use_grpc else _http_infer(client, value)
                     outcome = "ok" if float(out.reshape(-1)[0]) == 2 * value else f"wrong {out}"
@@ -168,11 +178,6 @@ def test_under_load_only_the_poisoned_request_fails(
         finally:
             client.close()
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    # the poison goes in once the queue holds others behind it (the server's pending gauge)
-    wait_until(lambda: pending(server, "fault") >= 4, timeout=60, what="a full queue")
     poison_error: list[str] = []
 
     def poison_request() -> None:
@@ -188,7 +193,18 @@ def test_under_load_only_the_poisoned_request_fails(
     pt = threading.Thread(target=poison_request)
     pt.start()
     wait_until(marker.exists, timeout=60, what="the poisoned request to run")
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    if poison == CRASH:
+        # the poisoned request executes and at least four wait behind it: then it crashes
+        wait_until(lambda: pending(server, "fault") >= 5, timeout=60, what="a full queue")
+        Path(f"{marker}.go").touch()
     pt.join(120)
+    # the clients go on through the replacement and after it
+    with lock:
+        target = len(results) + 40
+    wait_until(lambda: len(results) >= target, timeout=120, what="40 answers after the fault")
     stop.set()
     for t in threads:
         t.join(180)
