@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -338,17 +339,30 @@ def test_ops_cli_sends_the_key(repo: Path, tmp_path: Path) -> None:
         res = subprocess.run([*perf, "-i", "grpc", "-u", srv.grpc], capture_output=True,
                              text=True, env=env, timeout=120)  # fmt: skip
         assert res.returncode != 0 and "UNAUTHENTICATED" in res.stdout + res.stderr
+
+        def recorded() -> tuple[int, int]:
+            stats = request(srv, "GET", "/v2/models/identity/stats", headers=_bearer(OPS))[1]
+            doc = json.loads(stats)["model_stats"][0]["inference_stats"]
+            return doc["success"]["count"], doc["fail"]["count"]
+
+        assert recorded() == (0, 0)  # the refused run reached no model
         # the key from --api-key (HTTP), or from $SLUICE_API_KEY (gRPC)
         for proto, url, key, kenv in (
             ("http", srv.http, ["--api-key", OPS], env),
             ("grpc", srv.grpc, [], {**env, "SLUICE_API_KEY": OPS}),
         ):
+            ok0, _ = recorded()
             res = subprocess.run([*perf, "-i", proto, "-u", url, *key], capture_output=True,
                                  text=True, env=kenv, timeout=120)  # fmt: skip
             assert res.returncode == 0, res.stdout + res.stderr
-        stats = request(srv, "GET", "/v2/models/identity/stats", headers=_bearer(OPS))[1]
-        count = json.loads(stats)["model_stats"][0]["inference_stats"]["success"]["count"]
-        assert count >= 30  # both runs' requests got through with the key
+            assert "Failed requests" not in res.stdout, res.stdout
+            # the run's measured windows (the report's client count; warm-up and the windows
+            # before it was stable come on top) all reached the model, and none failed there
+            client = [int(x) for x in re.findall(r"Client: \n\s+Request count: (\d+)", res.stdout)]
+            assert len(client) == 1 and client[0] >= 15 * 3, res.stdout
+            ok1, failed = recorded()
+            assert failed == 0
+            assert ok1 - ok0 >= client[0], (proto, ok1 - ok0, res.stdout)
 
 
 def test_keys_file_errors(repo: Path, tmp_path: Path) -> None:

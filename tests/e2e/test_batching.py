@@ -3,6 +3,7 @@ real server."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,7 +41,8 @@ def _wait_pending(srv, model: str, n: int) -> None:
 # as CLOCK_MONOTONIC nanoseconds (the same clock as the test's time.monotonic_ns()): what the
 # server did, and when, recorded by the server side.
 # A negative INPUT0 waits instead until the file named by the "gate" parameter exists (the
-# test opens it once the server's state says what it waits for).
+# test opens it once the server's state says what it waits for); while it waits, the file
+# "<gate>.held" exists (an execution has started and holds its instance).
 STAMP_PY = """
 import json
 import os
@@ -59,6 +61,8 @@ class TritonPythonModel:
             start = time.monotonic_ns()
             x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
             ms = float(x.reshape(-1)[0])
+            if ms < 0:
+                open(self.gate + ".held", "a").close()
             while ms < 0 and not os.path.exists(self.gate):
                 time.sleep(0.005)
             time.sleep(max(ms, 0) / 1000.0)
@@ -124,9 +128,9 @@ class _Async:
     """Requests sent from threads, one client each (tritonclient.http's async_infer runs on
     gevent greenlets, which do not send while the test waits on server state)."""
 
-    def __init__(self, srv) -> None:
+    def __init__(self, srv, workers: int = 8) -> None:
         self.srv = srv
-        self.pool = ThreadPoolExecutor(8)
+        self.pool = ThreadPoolExecutor(workers)
 
     def async_infer(self, model: str, inputs, **kw) -> Future:
         def call():
@@ -172,23 +176,40 @@ def batch_server(module_repo, module_server):
         repo,
         "preferred",
         dims="[ 1 ]",
+        # an hour's delay: a batch of the preferred size that waited it out would never come
         extra="""dynamic_batching {
-        preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }""",
+        preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3600000000 }""",
     )
     return module_server(repo)
 
 
-def test_dynamic_batching_combines_requests(batch_server):
-    values = _fire(batch_server, "batched", 160, 16)
-    assert values == [float(i) for i in range(160)], "outputs are split back to their requests"
-    st = _stats(batch_server, "batched")
-    assert st["inference_count"] == 160
-    # 16 clients against 20 ms executions: most executions carry several requests (the
-    # ratio depends on how the clients' sends line up, so the bound is loose)
-    assert st["execution_count"] <= st["inference_count"] / 2, st
-    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in st["batch_stats"]) == 160
-    sizes = {b["batch_size"] for b in st["batch_stats"]}
-    assert max(sizes) > 1 and max(sizes) <= 8
+def test_dynamic_batching_combines_requests(tmp_path: Path, start_server):
+    """One request holds the only instance (gated); 16 more queue behind it; when the gate
+    opens the dynamic batcher takes them as max_batch_size (8) batches: exactly 1 + 8 + 8."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    gate = tmp_path / "gate"
+    stamp_model(
+        repo,
+        "batched8",
+        max_batch_size=8,
+        extra="dynamic_batching { max_queue_delay_microseconds: 2000 }",
+        gate=gate,
+    )
+    srv = start_server(repo)
+    sender = _Async(srv, workers=17)
+    first = sender.async_infer("batched8", _stamp_inp(-1))
+    wait_until(lambda: Path(f"{gate}.held").exists(), what="the first execution to start")
+    queued = [sender.async_infer("batched8", _stamp_inp(-2.0 - i)) for i in range(16)]
+    _wait_pending(srv, "batched8", 17)  # 1 executing + 16 queued
+    gate.touch()
+    values = [float(f.result().as_numpy("OUTPUT0")[0, 0]) for f in [first, *queued]]
+    sender.close()
+    assert values == [-1.0 - i for i in range(17)], "outputs are split back to their requests"
+    st = _stats(srv, "batched8")
+    assert (st["inference_count"], st["execution_count"]) == (17, 3), st
+    got = sorted((b["batch_size"], b["compute_infer"]["count"]) for b in st["batch_stats"])
+    assert got == [(1, 1), (8, 2)], st["batch_stats"]
 
 
 def test_without_batching_each_request_executes_alone(batch_server):
@@ -212,12 +233,19 @@ def test_lone_request_waits_about_the_queue_delay(batch_server):
 
 
 def test_preferred_batch_size_runs_at_once(batch_server):
-    _fire(batch_server, "preferred", 2, 2)
+    # a batch of the preferred size goes at once: neither request sits out the hour's delay
+    # (the batch of 2 is below max_batch_size 8, so only the preferred size sends it)
+    sender = _Async(batch_server, workers=2)
+    calls = [sender.async_infer("preferred", _inp(float(v))) for v in (5, 6)]
+    wait_until(
+        lambda: _stats(batch_server, "preferred")["execution_count"] == 1,
+        what="the batch of the preferred size to execute",
+    )
+    assert [float(f.result().as_numpy("OUTPUT0")[0, 0]) for f in calls] == [5.0, 6.0]
+    sender.close()
     st = _stats(batch_server, "preferred")
-    assert [b["batch_size"] for b in st["batch_stats"]] == [2]
-    # a batch of the preferred size goes at once: neither request sat out the 3 s delay
-    queue = st["inference_stats"]["queue"]
-    assert queue["count"] == 2 and queue["ns"] < 3e9, queue
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in st["batch_stats"]] == [(2, 1)]
+    assert st["inference_stats"]["queue"]["count"] == 2
 
 
 def test_batch_dimension_above_one_batches_and_splits_exactly(batch_server):
@@ -281,7 +309,8 @@ def test_instance_count_runs_concurrently(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     repo.mkdir()
     stamp_model(repo, "one", count=1, max_batch_size=0)
-    stamp_model(repo, "four", count=4, max_batch_size=0)
+    gate = tmp_path / "gate"
+    stamp_model(repo, "four", count=4, max_batch_size=0, gate=gate)
     srv = start_server(repo)
 
     def executions(model: str, n: int, ms: float) -> list[tuple[int, int]]:
@@ -296,10 +325,17 @@ def test_instance_count_runs_concurrently(tmp_path: Path, start_server):
             return list(pool.map(one, range(n)))
 
     # when each execution ran, as the instances recorded it: never two at once on one
-    # instance, four at once on four (8 clients keep all four busy)
+    # instance
     assert _most_at_once(executions("one", 6, 100)) == 1
-    assert _most_at_once(executions("four", 8, 1000)) == 4
-    assert _stats(srv, "four")["execution_count"] == 8
+    # four at once on four: four requests held by the gate until all four are in the server;
+    # run one after another, the first would hold the gate shut and none would overlap
+    sender = _Async(srv, workers=4)
+    held = [sender.async_infer("four", _stamp_inp(-1, batched=False)) for _ in range(4)]
+    _wait_pending(srv, "four", 4)
+    gate.touch()
+    assert _most_at_once([_stamps(f.result()) for f in held]) == 4
+    sender.close()
+    assert _stats(srv, "four")["execution_count"] == 4
 
 
 def _queue_repo(tmp_path: Path) -> Path:
@@ -479,7 +515,7 @@ def test_instance_kinds_and_several_groups(tmp_path: Path, start_server):
         (repo / "gpu" / "config.pbtxt").read_text().replace("KIND_CPU", "KIND_GPU")
     )
     srv = start_server(repo, "--model-control-mode=explicit", "--load-model=groups")
-    before = len(srv.snapshot_children())
+    children = srv.snapshot_children()
     client = httpclient.InferenceServerClient(srv.http)
     cfg = client.get_model_config("groups")
     assert [(g["count"], g["kind"]) for g in cfg["instance_group"]] == [
@@ -489,8 +525,10 @@ def test_instance_kinds_and_several_groups(tmp_path: Path, start_server):
     i = httpclient.InferInput("INPUT0", [1], "FP32")
     i.set_data_from_numpy(np.ones(1, np.float32))
     assert client.infer("groups", [i]).as_numpy("OUTPUT0").tolist() == [1.0]
-    assert before >= 3  # three worker processes (plus multiprocessing's resource tracker)
-    import os
+    # one worker process per instance: 2 + 1, and multiprocessing's resource tracker
+    workers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+    trackers = [p for p in children if "resource_tracker" in " ".join(p.cmdline())]
+    assert (len(workers), len(trackers), len(children)) == (3, 1, 4), children
 
     if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
         pytest.skip("this machine has a GPU")

@@ -31,8 +31,11 @@ def lint(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProc
 
 def lint_json(*args: str | Path) -> tuple[int, list[dict[str, Any]]]:
     out = lint(*args, "--format", "json")
-    assert out.returncode in (0, 1), out.stderr
-    return out.returncode, json.loads(out.stdout)
+    found = json.loads(out.stdout)
+    # exit 1 exactly when a finding is an error, 0 otherwise (warnings alone pass)
+    errors = any(f["severity"] == "error" for f in found)
+    assert out.returncode == (1 if errors else 0), (out.returncode, out.stderr, found)
+    return out.returncode, found
 
 
 def pick(findings: list[dict[str, Any]], model: str, check: str) -> list[dict[str, Any]]:
@@ -225,6 +228,10 @@ def test_text_format_one_line_per_finding(pitfalls: Path) -> None:
     assert all(line.split(" ", 1)[0] in ("ERROR", "WARNING") for line in body)
     errors = [line for line in body if line.startswith("ERROR")]
     assert body[: len(errors)] == errors  # errors first
+    # one line per finding: the same findings as the JSON format, severity by severity
+    _, found = lint_json(pitfalls, "--memory", "64G")
+    assert len(errors) == sum(f["severity"] == "error" for f in found)
+    assert len(body) - len(errors) == sum(f["severity"] == "warning" for f in found)
     conf = pitfalls / "broken" / "config.pbtxt"
     assert any(line.startswith(f"ERROR broken {conf}:4:") for line in body)
     assert f"WARNING slow_queue {pitfalls / 'slow_queue' / 'config.pbtxt'}: " in out.stdout

@@ -30,8 +30,8 @@ def test_triton_spellings():
     assert c.exit_timeout_secs == 5 and c.disable_auto_complete_config
 
 
-def test_star_must_be_alone():
-    with pytest.raises(SystemExit):
+def test_star_must_be_alone(capsys):
+    with pytest.raises(SystemExit) as info:
         parse_serve_args(
             [
                 "--model-repository=/r",
@@ -40,6 +40,9 @@ def test_star_must_be_alone():
                 "--load-model=a",
             ]
         )
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --load-model=* must be the only --load-model" in err, err
 
 
 def test_unknown_flag_is_a_clear_error_not_a_traceback():

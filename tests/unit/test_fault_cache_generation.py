@@ -37,6 +37,8 @@ def test_forget_drops_one_generation_and_frees_its_bytes() -> None:
     assert cache.forget("m", "1", 1) == 2
     assert (cache.entries, cache.used) == (2, 2 * used_per_entry)
     assert cache.get(cache.key(_request("m", 1.0), "1", 1)) is None
-    assert cache.get(cache.key(_request("m", 1.0), "1", 2)) is not None
-    assert cache.get(cache.key(_request("other", 1.0), "1", 1)) is not None
+    kept = cache.get(cache.key(_request("m", 1.0), "1", 2))
+    assert kept is not None and kept[0]["OUTPUT0"].tolist() == [2.0] * 4  # generation 2's answer
+    other = cache.get(cache.key(_request("other", 1.0), "1", 1))
+    assert other is not None and other[0]["OUTPUT0"].tolist() == [1.0] * 4
     assert cache.forget("m", "1", 1) == 0

@@ -66,9 +66,13 @@ def test_small_and_malformed_messages_go_through_protobuf() -> None:
     assert raws is None and len(head.raw_input_contents) == 1
     msg, _ = _big_request()
     payload = msg.SerializeToString()
-    with pytest.raises(DecodeError):
+    with pytest.raises(
+        DecodeError, match="parsing message with type .inference.ModelInferRequest."
+    ):
         codec.parse_model_infer(payload[:-5])  # truncated inside the last field
-    with pytest.raises(DecodeError):
+    with pytest.raises(
+        DecodeError, match="parsing message with type .inference.ModelInferRequest."
+    ):
         codec.parse_model_infer(payload + b"\x0b")  # a group start: does not scan
 
 

@@ -146,7 +146,9 @@ def test_malformed_payloads_still_raise_decode_error() -> None:
     a = np.ones((1, 4), np.float32)
     payload = _payload(a, a)
     codec.read_model_infer(payload)
-    with pytest.raises(DecodeError):
+    with pytest.raises(
+        DecodeError, match="parsing message with type .inference.ModelInferRequest."
+    ):
         codec.read_model_infer(payload[:-20])
 
 

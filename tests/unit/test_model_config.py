@@ -49,8 +49,12 @@ def test_name_mismatch_is_refused(tmp_path: Path):
 
 @pytest.mark.parametrize("bad", ["", ".", "..", "../x", "a/b", ".hidden", "a\\b"])
 def test_model_names_that_are_not_plain_directories(bad):
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument) as info:
         layout.check_model_name(bad)
+    assert info.value.message == (
+        f"invalid model name '{bad}': a model name must be a plain directory name in the "
+        "model repository"
+    )
 
 
 def test_versions_skip_non_numeric_and_leading_zero(tmp_path: Path, caplog):
@@ -60,8 +64,13 @@ def test_versions_skip_non_numeric_and_leading_zero(tmp_path: Path, caplog):
     (m / "model.onnx").write_bytes(b"x")
     assert layout.list_versions(m) == [0, 1, 3]  # "0" is a version in Triton; "01" is not
     text = caplog.text
-    assert "'01'" in text or "/01" in text
-    assert "v2" in text and "model.onnx" in text
+    for name in ("01", "v2", "latest"):  # each ignored directory named, with the rule
+        assert (
+            f"ignoring directory '{m / name}': version directories must be numeric without a "
+            "leading 0" in text
+        ), text
+    assert f"file '{m / 'model.onnx'}' is at the model root and will not be loaded" in text
+    assert f"ignoring directory '{m / '0'}'" not in text
 
 
 def test_version_policy():

@@ -141,14 +141,24 @@ def test_stats_rows_averages_per_request() -> None:
 
 def test_weights_and_urls() -> None:
     assert _parse_weights(["1=90", "2=10"]) == {"1": 90, "2": 10}
-    for bad in (["1"], ["x=1"], ["1=-1"], ["1=1", "1=2"]):
-        with pytest.raises(UsageError):
+    for bad, why in (
+        (["1"], "traffic weights are VERSION=WEIGHT (whole numbers), got '1'"),
+        (["x=1"], "traffic weights are VERSION=WEIGHT (whole numbers), got 'x=1'"),
+        (["1=-1"], "traffic weights are VERSION=WEIGHT (whole numbers), got '1=-1'"),
+        (["1=1", "1=2"], "version 1 is given twice"),
+    ):
+        with pytest.raises(UsageError) as info:
             _parse_weights(bad)
+        assert str(info.value) == why
     assert parse_url(None) == "localhost:8000"
     assert parse_url("http://h:9/") == "h:9"
-    for bad in ("h", "h:x", ":80", "https://h:1", "h:0"):
-        with pytest.raises(UsageError):
+    for bad in ("h", "h:x", ":80", "h:0"):
+        with pytest.raises(UsageError) as info:
             parse_url(bad)
+        assert str(info.value) == f"-u expects HOST:PORT, got '{bad}'"
+    with pytest.raises(UsageError) as info:
+        parse_url("https://h:1")
+    assert str(info.value) == "-u: https is not supported, got 'https://h:1'"
 
 
 def test_config_to_pbtxt() -> None:

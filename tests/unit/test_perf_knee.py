@@ -38,10 +38,26 @@ def test_threshold_is_a_parameter() -> None:
 
 def test_single_level_and_bad_input() -> None:
     assert find_knee([1], [10.0], [1.0]) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must have the same length"):
         find_knee([1, 2], [1.0], [1.0, 2.0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="levels must be strictly increasing"):
         find_knee([2, 1], [1.0, 1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="levels must be strictly increasing"):
+        find_knee([1, 1], [1.0, 1.0], [1.0, 2.0])
+
+
+def test_knee_moves_past_a_level_whose_p99_is_not_exceeded_later() -> None:
+    # the plateau starts at index 1, but no later p99 tops its 9.0 (a noisy spike): the knee
+    # is the next plateau level, after which p99 does keep rising
+    assert find_knee([1, 2, 3, 4, 5], [10.0, 20.0, 20.0, 20.0, 20.0], [1, 9, 2, 3, 4]) == 2
+
+
+def test_growth_at_the_last_step_means_no_knee() -> None:
+    # a plateau, then the last step grew by >= 5% again: the range ended too early to say
+    thr = [10.0, 20.0, 20.2, 20.1, 22.0]
+    assert find_knee([1, 2, 3, 4, 5], thr, [1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    # the same sweep ending before that growth has its knee at the plateau's start
+    assert find_knee([1, 2, 3, 4], thr[:4], [1.0, 2.0, 3.0, 4.0]) == 1
 
 
 def test_best_within_budget() -> None:

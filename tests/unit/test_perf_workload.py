@@ -93,8 +93,9 @@ def test_http_payload_decodes_with_the_server_codec() -> None:
 def test_target_parse() -> None:
     assert Target.parse(None, "grpc").port == 8001
     assert Target.parse("http://h:9000/", "http").address == "h:9000"
-    with pytest.raises(PerfError):
+    with pytest.raises(PerfError) as info:
         Target.parse("nohost", "http")
+    assert str(info.value) == "-u expects host:port, got 'nohost'"
 
 
 def test_directory_data_one_file_per_input(tmp_path: Path) -> None:

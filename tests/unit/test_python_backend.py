@@ -522,11 +522,19 @@ def test_pb_utils_api() -> None:
     cfg = pb_utils.ModelConfig(
         json.dumps({"name": "m", "input": [{"name": "a", "data_type": "TYPE_FP32", "dims": [2]}]})
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as info:
         cfg.add_input({"name": "a", "data_type": "TYPE_INT32", "dims": [2]})
+    assert str(info.value) == (
+        "unable to load model 'm', configuration expects datatype TYPE_FP32 for input 'a', "
+        "model provides TYPE_INT32"
+    )
     cfg.add_output({"name": "o", "data_type": "TYPE_FP32", "dims": [2]})
-    assert pb_utils.get_output_config_by_name(cfg.as_dict(), "o") is not None
-    with pytest.raises(pb_utils.TritonModelException):
+    assert pb_utils.get_output_config_by_name(cfg.as_dict(), "o") == {
+        "name": "o",
+        "data_type": "TYPE_FP32",
+        "dims": [2],
+    }
+    with pytest.raises(pb_utils.TritonModelException, match="use np.object_"):
         pb_utils.Tensor("s", np.array(["unicode"]))
     data = np.array([b"ab", b"", b"c"], dtype=np.object_)
     ser = pb_utils.serialize_byte_tensor(data)

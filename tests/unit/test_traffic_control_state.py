@@ -117,7 +117,7 @@ def test_write_atomic_replaces_and_leaves_nothing_behind(tmp_path: Path):
     write_atomic(path, b'{"a": 2}')
     assert path.read_bytes() == b'{"a": 2}'
     assert path.stat().st_mode & 0o777 == 0o640  # the file keeps its permissions
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="a bytes-like object is required, not 'str'"):
         write_atomic(path, "not bytes")  # type: ignore[arg-type]
     assert path.read_bytes() == b'{"a": 2}'  # a failed write leaves the old file
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
