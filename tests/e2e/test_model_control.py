@@ -1,4 +1,4 @@
-"""Part 4, model control: modes none / explicit / poll, the repository API on HTTP and gRPC."""
+"""Model control: modes none / explicit / poll, the repository API on HTTP and gRPC."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Part 7, the Python backend: errors in execute, per-request TritonError, dead workers, instances."""
+"""The Python backend: errors in execute, per-request TritonError, dead workers, instances."""
 
 from __future__ import annotations
 

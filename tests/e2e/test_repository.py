@@ -1,4 +1,4 @@
-"""Part 3, repository: config.pbtxt parsing, version directories, version_policy, broken configs."""
+"""The repository: config.pbtxt parsing, version directories, version_policy, broken configs."""
 
 from __future__ import annotations
 

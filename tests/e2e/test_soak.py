@@ -1,4 +1,4 @@
-"""The soak (``bench/soak.py``), shortened for CI (issue 14, part 7).
+"""The soak (``bench/soak.py``), shortened for CI.
 
 Mixed HTTP and gRPC load (tritonclient) with reloads, worker kills and bad requests, then
 SIGTERM with requests in flight; the script checks itself and writes its report. Here: ~12 s

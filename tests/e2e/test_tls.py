@@ -1,4 +1,4 @@
-"""TLS on HTTP and gRPC (issue 14 part 1): certificates made here with the ``openssl`` CLI;
+"""TLS on HTTP and gRPC: certificates made here with the ``openssl`` CLI;
 the server is talked to with tritonclient (ssl options), curl and raw sockets, on both gRPC
 edges. With TLS on, the port does not answer plain requests; with mutual TLS a client
 without a certificate is refused."""

@@ -1,4 +1,4 @@
-"""Repositories and controllers that run on real Triton 2.51 run on sluice (issue 9).
+"""Repositories and controllers that run on real Triton 2.51 run on sluice.
 
 Each behaviour pinned here was checked against real Triton 2.51 on this machine:
 - a config with ``max_batch_size: 0`` and ``dynamic_batching {}`` loads (and never batches);
