@@ -5,6 +5,13 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
 - The key is the model name, the version and every input (name, datatype, shape, bytes):
   found by a CRC-32 of the bytes, confirmed by comparing them. Request parameters and the
   requested outputs are not part of it.
+- The key also holds the version's load generation (a departure: Triton 2.51 keeps answering
+  a reloaded model from the entries of its old files when the version number is the same).
+  Every load that replaces a version (changed files, a 'config' or 'file:' override, a poll)
+  is a new generation, and the retired generation's entries are dropped (``forget``); a load
+  that changes nothing is no reload at all (the manager keeps the version serving), so its
+  entries stay valid and are kept. A request of the old generation still in flight when the
+  swap happens stores under its own generation, which no later request asks for.
 - The cache keeps every output of a response; a hit answers only the outputs the request asks
   for (Triton 2.51 answers all of them on a hit: a bug we do not copy).
 - It is bounded by the total bytes it keeps (outputs and the inputs that confirm a hit); the
@@ -15,7 +22,7 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
 Usage::
 
     cache = ResponseCache(1 << 20)
-    key = cache.key(request, "1")
+    key = cache.key(request, "1", generation)
     hit = cache.get(key)            # (outputs, datatypes) or None
     cache.put(key, outputs, datatypes)
 """
@@ -78,12 +85,12 @@ class ResponseCache:
         self.evictions = 0
 
     @staticmethod
-    def key(request: InferRequest, version: str) -> _Key:
+    def key(request: InferRequest, version: str, generation: int = 0) -> _Key:
         """A cheap key (CRC-32 of each input's bytes with its name, datatype and shape); a hit
         is confirmed by comparing the stored input bytes, so a CRC collision can never answer
         with another request's response."""
         dts = request.input_datatypes
-        parts: list[object] = [request.model_name, version]
+        parts: list[object] = [request.model_name, version, generation]
         blobs: list[bytes | memoryview] = []
         for name in sorted(request.inputs):
             arr = request.inputs[name]
@@ -115,6 +122,14 @@ class ResponseCache:
             self.evictions += 1
         self._entries[key.head] = (dict(outputs), dict(datatypes), nbytes, inputs)
         self.used += nbytes
+
+    def forget(self, model: str, version: str, generation: int) -> int:
+        """Drop the entries of one load of a version (retired by a reload or an unload);
+        returns how many left."""
+        gone = [k for k in self._entries if k[:3] == (model, version, generation)]
+        for k in gone:
+            self.used -= self._entries.pop(k)[2]
+        return len(gone)
 
     @property
     def entries(self) -> int:

@@ -189,13 +189,13 @@ class Server:
         )
         self.service.stop_accepting()
         # --traffic-follows-readiness: gRPC takes no new call from now on (a proxy passes it
-        # to another replica); the calls it holds finish within the same timeout
-        closing = (
-            asyncio.ensure_future(self._grpc.stop(grace=timeout))
-            if self._grpc is not None and self.config.traffic_follows_readiness
-            else None
-        )
-        drained = await self.service.wait_idle(timeout)
+        # to another replica); the calls it took before are served (not refused) and finish
+        # within the same timeout, before the models are unloaded
+        gated_grpc = self._grpc is not None and self.config.traffic_follows_readiness
+        if gated_grpc:
+            assert self._grpc is not None
+            await self._grpc.stop(grace=timeout)
+        drained = await self.service.wait_idle(max(0.0, deadline - time.monotonic()))
         remaining = max(0.0, deadline - time.monotonic())
         drained = await self.manager.shutdown(remaining if drained else 0.0) and drained
         if not drained:
@@ -203,9 +203,7 @@ class Server:
                 "in-flight requests did not finish within --exit-timeout-secs=%g; they were failed",
                 timeout,
             )
-        if closing is not None:
-            await closing
-        elif self._grpc is not None:
+        if self._grpc is not None and not gated_grpc:
             await self._grpc.stop(grace=1.0)
         for srv in (self._http, self._metrics):
             if srv is not None:

@@ -126,15 +126,31 @@ class InferenceService:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self._serving(name, version).config
 
-    async def infer(
-        self, request: InferRequest, *, protocol: str = "", single: bool = False
-    ) -> InferResponse:
-        """One response (``serving.Serving.infer``); ``protocol`` ("HTTP end point",
-        "ModelInfer RPC") words the refusal of a decoupled model as Triton does."""
+    def _admit(self, admitted: bool) -> None:
+        """Refuse inference once the server is stopping (or, with
+        --traffic-follows-readiness, not ready). ``admitted``: the front-end's transport
+        already took the call as the server's own gate (gRPC under
+        --traffic-follows-readiness stops taking calls at SIGTERM; one it took before is
+        in flight, and refusing it would hand its client an error a proxy cannot pass on)."""
+        if admitted:
+            return
         if not self._accepting:
             raise Unavailable("Server is shutting down: new inference requests are refused")
         if self._gated and not self.manager.server_ready():
             raise Unavailable(_NOT_READY)
+
+    async def infer(
+        self,
+        request: InferRequest,
+        *,
+        protocol: str = "",
+        single: bool = False,
+        admitted: bool = False,
+    ) -> InferResponse:
+        """One response (``serving.Serving.infer``); ``protocol`` ("HTTP end point",
+        "ModelInfer RPC") words the refusal of a decoupled model as Triton does;
+        ``admitted`` as in ``_admit``."""
+        self._admit(admitted)
         if request.shm_inputs:
             self._read_shm_inputs(request)
         self._inflight += 1
@@ -151,7 +167,9 @@ class InferenceService:
         for name, (region, offset, size, datatype, shape) in request.shm_inputs.items():
             dtype = kserve_to_numpy(datatype)
             assert dtype is not None
-            request.inputs[name] = self.shm.read(region, offset, size, dtype, shape, name)
+            request.inputs[name] = self.shm.read(
+                region, offset, size, dtype, shape, name, request.model_name
+            )
 
     def _write_shm_outputs(self, request: InferRequest, response: InferResponse) -> None:
         """Outputs asked for in shared memory are copied into their region; the encoders then
@@ -170,12 +188,11 @@ class InferenceService:
             )
             p["shared_memory_byte_size"] = written
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    async def infer_stream(
+        self, request: InferRequest, *, admitted: bool = False
+    ) -> AsyncIterator[InferResponse]:
         """0..N responses of a decoupled model (exactly one otherwise); the last is final."""
-        if not self._accepting:
-            raise Unavailable("Server is shutting down: new inference requests are refused")
-        if self._gated and not self.manager.server_ready():
-            raise Unavailable(_NOT_READY)
+        self._admit(admitted)
         self._inflight += 1
         try:
             async for response in self.serving.infer_stream(request):

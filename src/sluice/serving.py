@@ -205,7 +205,7 @@ class Serving:
         cache = self.cache
         assert cache is not None
         t0 = time.monotonic_ns()
-        ckey = cache.key(request, sv.version_str)
+        ckey = cache.key(request, sv.version_str, sv.generation)
         hit = cache.get(ckey)
         stats = sv.stats
         if hit is not None:

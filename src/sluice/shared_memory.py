@@ -9,7 +9,11 @@ Rules of this file:
   a span past its end 400 "Invalid offset + byte size for shared memory region"; a key that
   cannot be opened 400 (Triton: 500) "Unable to open shared memory region".
 - Unregistering a region that requests still read is safe: the mapping lives as long as the
-  arrays that view it.
+  arrays that view it (inputs are read when a request arrives, so a queued request keeps the
+  data it had even if the client unregisters and frees the region). An output whose region
+  is gone when its response is ready fails with "Unable to find shared memory region".
+- An output larger than its span, an input whose byte size is not its shape's, answer 400 in
+  Triton's words naming the tensor and both sizes; nothing is written for such an output.
 
 Usage::
 
@@ -131,8 +135,9 @@ class SharedMemoryRegistry:
         dtype: np.dtype,
         shape: tuple[int, ...],
         name: str,
+        model: str = "",
     ) -> np.ndarray:
-        """Input ``name`` as a view of the region (BYTES: parsed elements)."""
+        """Input ``name`` (of ``model``) as a view of the region (BYTES: parsed elements)."""
         r, start = self._span(region, offset, size, f"input '{name}'")
         count = int(np.prod(shape)) if shape else 1
         if dtype == np.object_:
@@ -145,8 +150,10 @@ class SharedMemoryRegistry:
                 ) from None
         if size != count * dtype.itemsize:
             raise InvalidArgument(
-                f"input '{name}': shared_memory_byte_size is {size} bytes but shape "
-                f"{list(shape)} of {dtype} requires {count * dtype.itemsize}"
+                f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
+                f"{count * dtype.itemsize}, got {size}: shared_memory_byte_size in region "
+                f"'{region}' is {size} bytes but shape {list(shape)} of {dtype} requires "
+                f"{count * dtype.itemsize}"
             )
         return np.frombuffer(r.buf, dtype, count, start).reshape(shape)
 
@@ -158,9 +165,11 @@ class SharedMemoryRegistry:
             if arr.dtype == np.object_
             else memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
         )
-        if len(data) > size:
+        if len(data) > size:  # checked before a byte is written
             raise InvalidArgument(
-                f"output '{name}' needs {len(data)} bytes but its shared_memory_byte_size is {size}"
+                f"shared memory size specified with the request for output '{name}' ({size} "
+                f"bytes) should be at least {len(data)} bytes to hold the results (region "
+                f"'{region}', shared_memory_offset {offset})"
             )
         r.buf[start : start + len(data)] = data
         return len(data)

@@ -30,6 +30,8 @@ from tests.conftest import ROOT, ServerProcess
 from tests.e2e.helpers import request, wait_until
 from tests.zoo import identity
 
+pytestmark = pytest.mark.grpc  # both gRPC edges are named in each test's own parameters
+
 EDGES = ["aio", "native"]
 INFER_BODY = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [3.0]}]}
 RUNNER, OPS, LATE = "sk-runner-0001", "sk-ops-0002", "sk-late-0003"
@@ -147,8 +149,9 @@ def test_restricted_apis_as_triton(repo: Path, edge: str) -> None:
         assert (status, message) == ("StatusCode.UNAVAILABLE", RESTRICTED_GRPC)
         out = client.infer("identity", _grpc_inputs(), headers=good).as_numpy("OUTPUT0")
         assert out is not None and out.tolist() == [[3.0]]
-        assert client.get_server_metadata().name  # metadata is not restricted
-        assert client.get_model_repository_index(headers=good) is not None
+        assert client.get_server_metadata().name == "triton"  # metadata is not restricted
+        index = client.get_model_repository_index(headers=good)
+        assert [(m.name, m.state) for m in index.models] == [("identity", "READY")]
         client.close()
         # the stream is refused as a whole, as Triton does
         with pytest.raises(grpc.RpcError) as exc:
@@ -230,17 +233,21 @@ def test_keys_roles_and_audit(repo: Path, tmp_path: Path, edge: str) -> None:
         http = httpclient.InferenceServerClient(srv.http)
         http.unload_model("identity", headers=_bearer(OPS))
         http.load_model("identity", headers=_bearer(OPS))
-        with pytest.raises(InferenceServerException):
+        with pytest.raises(InferenceServerException) as refused:
             http.load_model("identity")  # no key
+        assert refused.value.status() == "401"
+        assert "missing API key" in refused.value.message()
         http.close()
         # curl: a failing control action is audited with its outcome
         res = subprocess.run(
             ["curl", "-sS", "-X", "POST", "-H", f"Authorization: Bearer {OPS}", "-d",
-             '{"key": "/no-such-segment", "offset": 0, "byte_size": 8}',
+             '{"key": "/no-such-segment", "offset": 0, "byte_size": 8}', "-w", "\n%{http_code}",
              f"http://{srv.http}/v2/systemsharedmemory/region/r1/register"],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
-        assert "error" in json.loads(res.stdout)
+        body, _, code = res.stdout.rpartition("\n")
+        assert code == "400", res.stdout
+        assert "'/no-such-segment'" in json.loads(body)["error"], body
 
         # gRPC: the authorization metadata
         client = grpcclient.InferenceServerClient(srv.grpc)
@@ -297,7 +304,8 @@ def test_keys_roles_and_audit(repo: Path, tmp_path: Path, edge: str) -> None:
     assert ("grpc", "unload", "ops", "identity", "ok") in seen
     assert ("grpc", "load", "ops", "identity", "ok") in seen
     assert ("grpc", "log-settings", "ops", "", "ok") in seen
-    assert any(x[2] == "" and x[4].startswith("denied:") for x in seen if x[0] == "grpc")
+    assert ("grpc", "unload", "", "identity", "denied: the key 'runner' (role inference) may "
+            "not use the model-repository API") in seen  # fmt: skip
     shm = [x for x in lines if x["action"] == "shm-register"]
     assert len(shm) == 1 and shm[0]["region"] == "r1" and shm[0]["outcome"].startswith("error: ")
     assert not any(x["action"] == "infer" for x in lines)  # inference is not a control action

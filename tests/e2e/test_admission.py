@@ -28,6 +28,8 @@ from tests.e2e.helpers import (
 )
 from tests.zoo import identity, write_model
 
+pytestmark = pytest.mark.grpc  # the refusal over HTTP and gRPC
+
 ALLOC_MB = 192
 
 HOLDER_PY = """

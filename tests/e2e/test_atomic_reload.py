@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,29 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return []
+"""
+
+
+# The new version's model.py for the swap: initialize() writes "started" and then waits for
+# "gate" (both files named in the config's parameters), so the old version demonstrably
+# serves while the new one is still starting.
+GATED_INIT_PY = """
+import json
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"])["parameters"]
+        open(params["started"]["string_value"], "w").close()
+        while not os.path.exists(params["gate"]["string_value"]):
+            time.sleep(0.01)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
 """
 
 
@@ -112,6 +134,7 @@ def test_failed_reload_when_new_initialize_raises_keeps_old_version(srv):
     assert json.loads(srv.get("/v2/models/a/config")[1])["max_batch_size"] == 8
 
 
+@pytest.mark.grpc
 def test_load_with_initialize_raising_is_400_like_triton(srv):
     code, raw = _load_init_raises(srv)
     assert code == 400, raw
@@ -129,6 +152,7 @@ def test_load_with_initialize_raising_is_400_like_triton(srv):
     _still_serving(srv)
 
 
+@pytest.mark.grpc
 def test_failed_reload_keeps_old_version_serving_grpc(srv):
     c = grpc_client(srv)
     try:
@@ -143,7 +167,9 @@ def test_failed_reload_keeps_old_version_serving_grpc(srv):
     _still_serving(srv)
 
 
-def test_reload_under_load_loses_no_request(srv):
+@pytest.mark.grpc
+def test_reload_under_load_loses_no_request(srv, tmp_path: Path):
+    started, gate = tmp_path / "started", tmp_path / "gate"
     stop = threading.Event()
     results: dict[str, list] = {"http_ok": [], "grpc_ok": [], "errors": []}
 
@@ -152,7 +178,7 @@ def test_reload_under_load_loses_no_request(srv):
             try:
                 code, out = infer_fp32(srv, "slow_init", 3.0, timeout=20)
                 if code == 200 and out["outputs"][0]["data"] == [3.0]:
-                    results["http_ok"].append(time.monotonic())
+                    results["http_ok"].append(1)
                 else:
                     results["errors"].append(("http", code, out))
             except Exception as e:  # noqa: BLE001
@@ -165,13 +191,36 @@ def test_reload_under_load_loses_no_request(srv):
                 try:
                     r = c.infer("slow_init", grpc_fp32_inputs(3.0), client_timeout=20)
                     assert r.as_numpy("OUTPUT0").tolist() == [[3.0]]
-                    results["grpc_ok"].append(time.monotonic())
+                    results["grpc_ok"].append(1)
                 except Exception as e:  # noqa: BLE001
                     results["errors"].append(("grpc", repr(e)))
         finally:
             c.close()
 
+    def served() -> int:
+        return len(results["http_ok"]) + len(results["grpc_ok"])
+
+    new = _cfg(
+        "slow_init",
+        max_batch_size=4,
+        parameters={
+            "started": {"string_value": str(started)},
+            "gate": {"string_value": str(gate)},
+        },
+    )
+    load: dict = {}
+
+    def reload() -> None:
+        body = {
+            "parameters": {
+                "config": json.dumps(new),
+                "file:1/model.py": base64.b64encode(GATED_INIT_PY.encode()).decode(),
+            }
+        }
+        load["r"] = post(srv, "/v2/repository/models/slow_init/load", body, timeout=60)
+
     threads = [threading.Thread(target=http_loop), threading.Thread(target=grpc_loop)]
+    loader = threading.Thread(target=reload)
     for t in threads:
         t.start()
     try:
@@ -179,37 +228,32 @@ def test_reload_under_load_loses_no_request(srv):
             lambda: len(results["http_ok"]) >= 3 and len(results["grpc_ok"]) >= 3,
             what="traffic on both protocols",
         )
-        t0 = time.monotonic()
-        new = _cfg(
-            "slow_init", max_batch_size=4, parameters={"init_sleep_s": {"string_value": "2"}}
-        )
-        code, raw = post(
-            srv,
-            "/v2/repository/models/slow_init/load",
-            {"parameters": {"config": json.dumps(new)}},
-            timeout=60,
-        )
-        t1 = time.monotonic()
-        n = len(results["http_ok"]) + len(results["grpc_ok"])
-        wait_until(
-            lambda: len(results["http_ok"]) + len(results["grpc_ok"]) >= n + 6,
-            what="traffic after the swap",
-        )
+        loader.start()
+        # the new version's initialize() runs (and waits on the gate): the old one serves
+        wait_until(started.exists, timeout=30, what="the new version's initialize()")
+        n = served()
+        wait_until(lambda: served() >= n + 6, what="requests served while the new one starts")
+        assert "r" not in load and [e["state"] for e in index_entries(srv, "slow_init")] == [
+            "READY"
+        ]
+        gate.touch()
+        loader.join(60)
+        n = served()
+        wait_until(lambda: served() >= n + 6, what="traffic after the swap")
     finally:
+        gate.touch()
         stop.set()
         for t in threads:
             t.join(30)
-    assert code == 200, raw
-    assert t1 - t0 >= 1.5, "the new instance's initialize sleeps 2 s"
+    assert load["r"] == (200, b""), load
     assert results["errors"] == []
-    during = [t for t in results["http_ok"] + results["grpc_ok"] if t0 < t < t1]
-    assert len(during) >= 5, "requests kept being served while the new version started"
     cfg = json.loads(srv.get("/v2/models/slow_init/config")[1])
     assert cfg["max_batch_size"] == 4
     body = {
         "inputs": [{"name": "INPUT0", "shape": [5, 1], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}]
     }
-    assert post(srv, "/v2/models/slow_init/infer", body)[0] == 400
+    code, raw = post(srv, "/v2/models/slow_init/infer", body)
+    assert code == 400 and "batch" in error_text(raw), raw
     assert [e["state"] for e in index_entries(srv, "slow_init")] == ["READY"]
 
 

@@ -12,10 +12,13 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e.helpers import error_text, grpc_client, http_client, index_entries, post
 from tests.e2e.test_backends_onnxruntime import tiny_model
 from tests.zoo import write_model
+
+pytestmark = pytest.mark.grpc  # the ensemble answers over gRPC too
 
 DOUBLE_PY = """
 import triton_python_backend_utils as pb_utils
@@ -88,8 +91,9 @@ def reference(srv, x: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
     return sess.run(None, {"x": x * 2})[0]
 
 
-def ready(srv, name: str) -> bool:  # type: ignore[no-untyped-def]
-    return srv.get(f"/v2/models/{name}/ready")[0] == 200
+def ready(srv, name: str) -> int:  # type: ignore[no-untyped-def]
+    """The model-ready status: 200, or Triton's 400 for a model that is not ready."""
+    return int(srv.get(f"/v2/models/{name}/ready")[0])
 
 
 def infer_grpc(srv, x: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -101,7 +105,7 @@ def infer_grpc(srv, x: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def
 def test_composing_models_loaded_with_the_ensemble(srv) -> None:  # type: ignore[no-untyped-def]
     for name in ("pipe", "double", "linear"):
         assert index_entries(srv, name)[0]["state"] == "READY"
-        assert ready(srv, name)
+        assert ready(srv, name) == 200
     cfg = json.loads(srv.get("/v2/models/pipe/config")[1])
     assert cfg["platform"] == "ensemble" and cfg["max_batch_size"] == 8
     assert [s["model_name"] for s in cfg["ensemble_scheduling"]["step"]] == ["linear", "double"]
@@ -144,13 +148,15 @@ def test_wiring_errors_fail_the_load(srv) -> None:  # type: ignore[no-untyped-de
 def test_readiness_follows_composing_models_and_unload_dependents(srv) -> None:  # type: ignore[no-untyped-def]
     code, raw = post(srv, "/v2/repository/models/double/unload")
     assert code == 200, raw
-    assert not ready(srv, "pipe")
+    assert ready(srv, "pipe") == 400
     assert srv.get("/v2/health/ready")[0] == 400  # strict readiness: pipe was asked for
     x = np.ones((1, 4), np.float32)
-    with pytest.raises(Exception, match="double"):
+    with pytest.raises(InferenceServerException) as info:
         infer_grpc(srv, x)
+    assert str(info.value.status()) == "StatusCode.NOT_FOUND"
+    assert "'double'" in info.value.message(), info.value.message()
     assert post(srv, "/v2/repository/models/double/load")[0] == 200
-    assert ready(srv, "pipe")
+    assert ready(srv, "pipe") == 200
     np.testing.assert_allclose(infer_grpc(srv, x), reference(srv, x), rtol=1e-5)
 
     code, raw = post(
@@ -161,6 +167,6 @@ def test_readiness_follows_composing_models_and_unload_dependents(srv) -> None: 
     assert index_entries(srv, "double")[0]["state"] == "READY"
     # loading the ensemble again brings its composing model back
     assert post(srv, "/v2/repository/models/pipe/load")[0] == 200
-    assert ready(srv, "pipe") and ready(srv, "linear")
+    assert ready(srv, "pipe") == ready(srv, "linear") == 200
     grpc_client(srv).unload_model("linear", unload_dependents=True)
-    assert not ready(srv, "pipe")
+    assert ready(srv, "pipe") == 400

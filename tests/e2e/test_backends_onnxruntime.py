@@ -21,6 +21,8 @@ from tests.e2e.helpers import error_text, grpc_client, http_client, index_entrie
 
 onnx = pytest.importorskip("onnx")
 
+pytestmark = pytest.mark.grpc  # inference over both protocols
+
 
 def write_tiny_onnx(
     path: Path,

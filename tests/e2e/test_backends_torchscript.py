@@ -17,6 +17,8 @@ from tests.e2e.helpers import error_text, grpc_client, http_client, index_entrie
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.grpc  # inference over both protocols
+
 
 class Indexed(torch.nn.Module):
     def __init__(self) -> None:

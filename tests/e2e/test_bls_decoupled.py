@@ -16,7 +16,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import error_text, grpc_client, grpc_status, http_client, post, wait_until
+from tests.e2e.helpers import (
+    error_text,
+    grpc_client,
+    grpc_status,
+    http_client,
+    pending,
+    post,
+    wait_until,
+)
 from tests.zoo import copy_example, identity, write_model
 from tests.zoo_bls import (
     ADD_IO,
@@ -43,6 +51,27 @@ class TritonPythonModel:
             for r in requests]
 """
 
+# OUTPUT0 = INPUT0 + INPUT1, each execute held until the file named by "gate" exists
+GATED_ADD_PY = """
+import json
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
+
+    def execute(self, requests):
+        while not os.path.exists(self.gate):
+            time.sleep(0.005)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+            pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            + pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy())]) for r in requests]
+"""
+
+pytestmark = pytest.mark.grpc  # streams and unary calls on both gRPC edges
+
 A = np.array([[1, 2, 3, 4]], dtype=np.float32)
 B = np.array([[10, 20, 30, 40]], dtype=np.float32)
 
@@ -52,7 +81,15 @@ def srv(module_server, module_repo: Path):
     repo = module_repo
     copy_example(repo, "add_sub")
     bls(repo)
-    bls(repo, "bls_async", BLS_ASYNC_PY)
+    # the async model's two calls go to a model held by a gate: both wait in the server at once
+    bls(repo, "bls_async", BLS_ASYNC_PY.replace('"add_sub"', '"gated_add"'))
+    write_model(
+        repo,
+        "gated_add",
+        f'name: "gated_add"\nbackend: "python"\nmax_batch_size: 8\n{ADD_IO}\n'
+        f'parameters {{ key: "gate" value: {{ string_value: "{repo.parent / "bls.gate"}" }} }}',
+        GATED_ADD_PY,
+    )
     bls(repo, "bls_a", BLS_PY.replace('"add_sub"', '"bls_b"'))
     bls(repo, "bls_b", BLS_PY.replace('"add_sub"', '"bls_a"'))
     write_model(
@@ -134,12 +171,28 @@ def test_bls_moves_large_tensors_through_shared_memory_and_leaves_none(srv):
 
 
 def test_async_execute_runs_two_bls_calls_at_once(srv):
-    c = http_client(srv)
+    """Both BLS calls of one async execute are in the server together (its pending gauge
+    says 2 while the gate holds the first): issued at once, not one after the other."""
+    gate = srv.repo.parent / "bls.gate"
+    before = _count(srv, "gated_add")
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        c = http_client(srv)
+        try:
+            box["r"] = c.infer("bls_async", _add_inputs(httpclient))
+        finally:
+            c.close()
+
+    t = threading.Thread(target=call)
+    t.start()
     try:
-        r = c.infer("bls_async", _add_inputs(httpclient))
+        wait_until(lambda: pending(srv, "gated_add") == 2, what="both BLS calls in the server")
     finally:
-        c.close()
-    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), 2 * (A + B))
+        gate.touch()
+        t.join(60)
+    np.testing.assert_array_equal(box["r"].as_numpy("OUTPUT0"), 2 * (A + B))
+    assert _count(srv, "gated_add") == before + 2  # recorded by the called model
 
 
 @pytest.mark.parametrize(
@@ -321,8 +374,10 @@ def test_closing_the_stream_cancels_the_request(srv, tmp_path: Path):
         assert error is None and result.as_numpy("text_output").tolist() == [b"tick"]
     c.stop_stream(cancel_requests=True)
     c.close()
+    # the file is only written when the model sees is_cancelled(): it stopped before its
+    # 400 ticks, after the two the client read
     wait_until(marker.exists, timeout=20, what="the model saw is_cancelled()")
-    assert int(marker.read_text()) < 300  # it stopped well before its 400 ticks
+    assert 2 <= int(marker.read_text()) < 400
 
 
 # ------------------------------------------------------------------------------- generate

@@ -11,8 +11,12 @@ streaming. The models are python stand-ins with the names and tensors the exampl
 from __future__ import annotations
 
 import asyncio
+import gzip
+import http.client
+import json
 import queue
 import uuid
+import zlib
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,8 @@ from tritonclient.utils import shared_memory as shm
 import sluice
 from tests.zoo import write_model
 from tests.zoo_examples import ADD_SUB_PY, EXAMPLE_MODELS, add_sub_config, write_example_models
+
+pytestmark = pytest.mark.grpc  # the gRPC examples run on both edges
 
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.ones((1, 16), dtype=np.int32)
@@ -85,7 +91,8 @@ def test_health_and_metadata_http(srv):
         assert c.get_model_metadata("simple", query_params={"test_1": 1})["name"] == "simple"
         with pytest.raises(InferenceServerException) as info:
             c.get_model_metadata("wrong_model_name")
-        assert "Request for unknown model" in info.value.message()
+        assert info.value.status() == "404"
+        assert "Request for unknown model: 'wrong_model_name'" in info.value.message()
 
 
 def test_health_and_metadata_grpc(srv):
@@ -99,7 +106,8 @@ def test_health_and_metadata_grpc(srv):
         assert c.get_model_metadata("simple", headers={"test": "1"}).name == "simple"
         with pytest.raises(InferenceServerException) as info:
             c.get_model_metadata("wrong_model_name")
-        assert "Request for unknown model" in info.value.message()
+        assert info.value.status() == "StatusCode.NOT_FOUND"
+        assert "Request for unknown model: 'wrong_model_name'" in info.value.message()
         assert c.get_model_config("simple").config.name == "simple"
 
 
@@ -126,6 +134,53 @@ def test_http_infer_compression_and_headers(srv, request_algo, response_algo, bi
         _check_add_sub(result)
         # without requested outputs every output comes back
         _check_add_sub(c.infer("simple", _inputs(httpclient), headers={"test": "1"}))
+    # the same exchange on the wire: the request body really compressed, the answer encoded
+    # as asked (Content-Encoding) and decoding to the JSON answer
+    status, encoding, raw = _raw_infer(srv, request_algo, response_algo)
+    assert status == 200, raw
+    assert encoding == response_algo
+    assert json.loads(_decode(raw, response_algo))["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16], "data": (A + B)[0].tolist()},
+        {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16], "data": (A - B)[0].tolist()},
+    ]
+
+
+def _encode(body: bytes, algo: str | None) -> bytes:
+    """HTTP's gzip, or deflate (a zlib stream, RFC 9110), or the body as it is."""
+    if algo == "gzip":
+        return gzip.compress(body)
+    return zlib.compress(body) if algo == "deflate" else body
+
+
+def _decode(body: bytes, algo: str | None) -> bytes:
+    if algo == "gzip":
+        return gzip.decompress(body)
+    return zlib.decompress(body) if algo == "deflate" else body
+
+
+def _raw_infer(
+    srv: Any, request_algo: str | None, response_algo: str | None
+) -> tuple[int, str | None, bytes]:
+    """POST simple's JSON request with http.client: (status, Content-Encoding, raw body)."""
+    doc = {
+        "inputs": [
+            {"name": n, "shape": [1, 16], "datatype": "INT32", "data": arr[0].tolist()}
+            for n, arr in (("INPUT0", A), ("INPUT1", B))
+        ]
+    }
+    headers = {"Content-Type": "application/json"}
+    if request_algo:
+        headers["Content-Encoding"] = request_algo
+    if response_algo:
+        headers["Accept-Encoding"] = response_algo
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+    try:
+        body = _encode(json.dumps(doc).encode(), request_algo)
+        conn.request("POST", "/v2/models/simple/infer", body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("Content-Encoding"), resp.read()
+    finally:
+        conn.close()
 
 
 def test_http_async_infer(srv):
@@ -300,6 +355,7 @@ def test_model_control(srv, protocol):
         else grpcclient.InferenceServerClient(srv.grpc)
     )
     name = "simple_control"
+    refused = "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
     with c:
         index = c.get_model_repository_index()
         names = {m["name"] for m in index} if protocol == "http" else {m.name for m in index.models}
@@ -308,7 +364,8 @@ def test_model_control(srv, protocol):
         assert c.is_model_ready(name)
         with pytest.raises(InferenceServerException) as info:
             c.load_model(name, config='"parameters": {"config": {{"max_batch_size": "16"}}}')
-        assert "failed to load" in info.value.message()
+        assert info.value.status() == refused
+        assert f"failed to load '{name}'" in info.value.message()
         c.load_model(name, config='{"max_batch_size":"16"}')
         config = c.get_model_config(name)
         mbs = config["max_batch_size"] if protocol == "http" else config.config.max_batch_size
@@ -317,7 +374,9 @@ def test_model_control(srv, protocol):
         assert not c.is_model_ready(name)
         with pytest.raises(InferenceServerException) as info:
             c.load_model("wrong_model_name")
-        assert "failed to load" in info.value.message()
+        # not in the repository: 404 / NOT_FOUND (Triton: 500 / INTERNAL "failed to poll")
+        assert info.value.status() == ("404" if protocol == "http" else "StatusCode.NOT_FOUND")
+        assert "failed to load 'wrong_model_name'" in info.value.message()
         c.load_model(name, config="{}")  # back to the repository's config for the next run
         assert c.is_model_ready(name)
 
@@ -370,7 +429,12 @@ def test_system_shared_memory_reused_objects(srv, protocol):
                 else:
                     _check_add_sub(result, A, B * 2)
             status = c.get_system_shared_memory_status()
-            assert len(status) == 4 if protocol == "http" else len(status.regions) == 4
+            names = (
+                {r["name"] for r in status}
+                if protocol == "http"
+                else {r.name for r in status.regions.values()}
+            )
+            assert names == {f"{n}_{tag}" for n in handles}
             c.unregister_system_shared_memory()
     finally:
         for h in handles.values():

@@ -104,6 +104,7 @@ def test_hanging_execute_fails_and_worker_is_replaced_http(server: Any, module_r
     marker = module_repo.parent / "hang.pid"
     marker.unlink(missing_ok=True)
     url = f"http://{server.http}/v2/models/hang/infer"
+    stats0 = _stats(server, "hang")
     # the hanging request through curl, in the background
     result: dict[str, Any] = {}
 
@@ -133,9 +134,12 @@ def test_hanging_execute_fails_and_worker_is_replaced_http(server: Any, module_r
     code, doc = infer_fp32(server, "hang", 2.0)
     assert code == 200 and doc["outputs"][0]["data"] == [2.0], doc
     stats = _stats(server, "hang")
-    assert stats["fail"]["count"] >= 1 and stats["success"]["count"] >= 1, stats
+    # the server recorded exactly the hung request as failed and the next one as served
+    assert stats["fail"]["count"] == stats0["fail"]["count"] + 1, stats
+    assert stats["success"]["count"] == stats0["success"]["count"] + 1, stats
 
 
+@pytest.mark.grpc
 def test_hanging_execute_grpc(server: Any, module_repo: Path) -> None:
     marker = module_repo.parent / "hang.pid"
     marker.unlink(missing_ok=True)
@@ -143,7 +147,7 @@ def test_hanging_execute_grpc(server: Any, module_repo: Path) -> None:
     client = grpc_client(server)
     with pytest.raises(InferenceServerException) as info:
         client.infer("hang", grpc_fp32_inputs(7.0), client_timeout=120)
-    assert "StatusCode.UNAVAILABLE" in str(info.value.status()), info.value
+    assert str(info.value.status()) == "StatusCode.UNAVAILABLE", info.value
     assert "execute_timeout_ms=" in info.value.message(), info.value.message()
     pid = int(marker.read_text())
     wait_until(lambda: not psutil.pid_exists(pid), what=f"hung worker {pid} to be reaped")
@@ -155,5 +159,5 @@ def test_hanging_execute_grpc(server: Any, module_repo: Path) -> None:
 
 def test_bad_execute_timeout_refuses_the_load(server: Any) -> None:
     code, raw = post(server, "/v2/repository/models/bad_timeout/load")
-    assert 400 <= code < 500, raw
+    assert code == 400, raw
     assert "execute_timeout_ms" in raw.decode() and "soon" in raw.decode(), raw

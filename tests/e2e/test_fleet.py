@@ -36,10 +36,13 @@ import tritonclient.http as httpclient
 from tests.conftest import ROOT, ServerProcess, free_port, server_launcher
 from tests.e2e.helpers import index_entries, request, wait_until
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
-    reason="nginx is not installed (scripts/install-system-deps)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
+        reason="nginx is not installed (scripts/install-system-deps)",
+    ),
+    pytest.mark.grpc,
+]
 
 MODEL = "m"
 SLEEP_MS = 20
@@ -98,6 +101,15 @@ class Nginx:
     def __init__(self, workdir: Path, replicas: list[ServerProcess]) -> None:
         self.prefix = workdir / "nginx"
         self.prefix.mkdir()
+        # nginx binds its own ports and cannot report them (no port 0): ports free a moment
+        # ago may be taken by the time it binds, so a start that fails on a taken port is
+        # retried on new ones
+        for _ in range(5):
+            if self._start(replicas):
+                return
+        raise RuntimeError(f"nginx found no free ports: {self.log()}")
+
+    def _start(self, replicas: list[ServerProcess]) -> bool:
         self.http_port, self.grpc_port = free_port(), free_port()
         conf = _render()(
             str(self.prefix),
@@ -116,8 +128,16 @@ class Nginx:
             stderr=open(self.prefix / "stderr.log", "wb"),  # noqa: SIM115
             start_new_session=True,
         )
-        for port in (self.http_port, self.grpc_port):
-            wait_until(lambda p=port: self._listens(p), 20, 0.05, f"nginx on {port}")
+        try:
+            for port in (self.http_port, self.grpc_port):
+                wait_until(lambda p=port: self._listens(p), 20, 0.05, f"nginx on {port}")
+        except RuntimeError:
+            if "Address already in use" in self.log():
+                (self.prefix / "stderr.log").unlink(missing_ok=True)
+                (self.prefix / "error.log").unlink(missing_ok=True)
+                return False
+            raise
+        return True
 
     def _listens(self, port: int) -> bool:
         if self.proc.poll() is not None:

@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import threading
@@ -42,6 +43,8 @@ from tests.fuzz_requests import (
     grpc_cases,
     http_cases,
 )
+
+pytestmark = pytest.mark.grpc
 
 COUNT = int(os.environ.get("FUZZ_COUNT", "10000"))
 BATCH = 50  # requests per Hypothesis example: DRAWN structured cases, the rest their variants
@@ -147,18 +150,60 @@ class _HttpSender:
             if resp.getheader("connection", "").lower() != "close":
                 with self.lock:
                     self.problems.append(f"closed without Connection: close on {case!r}")
-        problem = _http_problem(resp.status, body)
+        problem = _http_problem(case, resp.status, body, resp.getheader(HEADER_LENGTH))
         with self.lock:
             self.statuses[resp.status] += 1
             if problem:
                 self.problems.append(f"{problem}: {resp.status} {body[:300]!r} for {case!r}")
 
 
-def _http_problem(status: int, body: bytes) -> str | None:
+HEADER_LENGTH = "Inference-Header-Content-Length"
+# what each model of the fuzz repository answers with
+OUTPUTS = {"add_sub": {"OUTPUT0", "OUTPUT1"}, "bytes_id": {"OUTPUT0"}}
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+# a request naming a region nobody registered: 404 / NOT_FOUND naming the region
+MISSING_REGION = "Unable to find shared memory region: '"
+MODEL_PATH = re.compile(r"/models/([^/]+)(?:/versions/([^/]+))?/")
+
+
+def _infer_target(path: str) -> tuple[str, str | None] | None:
+    m = INFER_PATH.match(path)
+    return (m[1], m[2]) if m else None
+
+
+def _http_problem(case: HttpCase, status: int, body: bytes, hlen: str | None) -> str | None:
+    """What is wrong with the answer to ``case``: a 2xx must be a real answer from a model
+    that exists, a 404 names what is missing, a 415 names the encoding, a 400 is specific."""
+    target = _infer_target(case.path)
     if 200 <= status < 300:
+        if target is None:
+            return None  # a control call the fuzzer may get right (index, logging, ...)
+        model, version = target
+        if model not in OUTPUTS or version not in (None, "1"):
+            return "a success for a model or version that does not exist"
+        try:
+            doc = json.loads(body[: int(hlen)] if hlen else body)
+            names = {o["name"] for o in doc["outputs"]}
+        except (ValueError, KeyError, TypeError):
+            return "a success that is not an inference answer"
+        if doc.get("model_name") != model or not names or not names <= OUTPUTS[model]:
+            return f"a success that is not {model}'s answer"
         return None
-    if not 400 <= status < 500:
-        return "not a 4xx"
+    if status == 404:
+        named = MODEL_PATH.search(case.path)  # infer, load, unload ... of some model
+        missing = (
+            named is not None
+            and (named[1] not in OUTPUTS or named[2] not in (None, "1"))
+            and f"'{named[1]}'" in body.decode(errors="replace")
+        )
+        if not missing and not json.loads(body).get("error", "").startswith(MISSING_REGION):
+            return "a 404 that names no missing model or version"
+    elif status == 415:
+        encoding = dict(case.headers).get("Content-Encoding")
+        if not encoding or f"'{encoding}'" not in body.decode(errors="replace"):
+            return "a 415 that is not about the request's Content-Encoding"
+    elif status not in (400, 413):
+        return "not 400, 404, 413 or 415"
     try:
         message = json.loads(body)["error"]
     except (ValueError, KeyError, TypeError):
@@ -205,9 +250,32 @@ def test_http_fuzz(server: Any) -> None:
 
 
 # --------------------------------------------------------------------------- gRPC
-def _grpc_problem(code: grpc.StatusCode, details: str) -> str | None:
+def _grpc_target(case: GrpcCase) -> tuple[str, str] | None:
+    """(model, version) a ModelInfer payload names, when it parses."""
+    if case.method != "ModelInfer":
+        return None
+    try:
+        req = grpcclient.service_pb2.ModelInferRequest.FromString(case.payload)
+    except Exception:  # noqa: BLE001 - malformed on purpose
+        return None
+    return req.model_name, req.model_version
+
+
+def _grpc_problem(case: GrpcCase, code: grpc.StatusCode, details: str) -> str | None:
     if code not in _GRPC_OK:
         return f"code {code.name}"
+    target = _grpc_target(case)
+    if target is not None:
+        model, version = target
+        exists = model in OUTPUTS and version in ("", "1")
+        if code is grpc.StatusCode.OK and not exists:
+            return "OK for a model or version that does not exist"
+        if (
+            code is grpc.StatusCode.NOT_FOUND
+            and not details.startswith(MISSING_REGION)
+            and (exists or f"'{model}'" not in details)
+        ):
+            return "NOT_FOUND that names no missing model or version"
     if code is not grpc.StatusCode.OK and (
         not details or len(details) < 12 or details.startswith("internal")
     ):
@@ -244,7 +312,7 @@ def test_grpc_fuzz(server: Any) -> None:
                 code = grpc.StatusCode.OK if exc is None else exc.code()
                 details = "" if exc is None else (exc.details() or "")
                 codes[code.name] += 1
-                problem = _grpc_problem(code, details)
+                problem = _grpc_problem(case, code, details)
                 if problem:
                     problems.append(f"{problem}: {details[:300]!r} for {case!r}")
             sent += len(cases)

@@ -4,15 +4,54 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+import sluice
 from tests.e2e.helpers import error_text, grpc_client, grpc_status, index_entries, post, wait_until
-from tests.zoo import copy_example, identity, init_fail_model, slow_init_model
+from tests.zoo import copy_example, identity, init_fail_model, write_model
+
+pytestmark = pytest.mark.grpc  # every answer is checked on both protocols
+
+# An FP32 [1] identity whose initialize() waits until the file named by "gate" exists: the
+# model stays LOADING exactly as long as the test wants, no clock involved.
+GATED_INIT_PY = """
+import json
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
+        while not os.path.exists(gate):
+            time.sleep(0.01)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+"""
+
+
+def gated_init_model(repo: Path, name: str, gate: Path) -> Path:
+    return write_model(
+        repo,
+        name,
+        f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}
+        """,
+        GATED_INIT_PY,
+    )
+
 
 EXTENSIONS = {
     "model_repository",
@@ -52,8 +91,8 @@ def test_server_metadata_http(srv):
     code, raw = srv.get("/v2")
     assert code == 200
     md = json.loads(raw)
-    assert isinstance(md["name"], str) and md["name"]
-    assert isinstance(md["version"], str) and md["version"]
+    assert md["name"] == "triton"  # what Triton's clients look for (--server-name)
+    assert md["version"] == sluice.__version__
     assert set(md["extensions"]) >= EXTENSIONS, md
 
 
@@ -160,7 +199,8 @@ def _grpc_ready(srv) -> bool:
 
 def test_strict_readiness_not_ready_while_startup_model_loads(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
-    slow_init_model(repo, "slow_init", init_s=3.0)
+    gate = tmp_path / "init.open"
+    gated_init_model(repo, "slow_init", gate)
     srv = start_server(
         repo,
         "--model-control-mode=explicit",
@@ -168,30 +208,32 @@ def test_strict_readiness_not_ready_while_startup_model_loads(tmp_path: Path, st
         "--strict-readiness=true",
         ready=False,
     )
-    saw_loading = False
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        model_ready = srv.get("/v2/models/slow_init/ready")[0] == 200
-        server_ready = srv.get("/v2/health/ready")[0]
-        if not model_ready:
-            saw_loading = True
-            assert server_ready == 400
-            assert _grpc_ready(srv) is False or srv.get("/v2/models/slow_init/ready")[0] == 200
-        else:
-            break
-        time.sleep(0.2)
-    assert saw_loading, "HTTP should answer while the startup model is still loading"
-    wait_until(lambda: srv.get("/v2/health/ready")[0] == 200, timeout=20, what="ready")
+    # live and answering while the start-up model is held in initialize()
+    wait_until(
+        lambda: [e.get("state") for e in index_entries(srv, "slow_init")] == ["LOADING"],
+        what="slow_init LOADING",
+    )
+    try:
+        assert srv.get("/v2/models/slow_init/ready")[0] == 400
+        assert srv.get("/v2/health/ready")[0] == 400
+        assert _grpc_ready(srv) is False
+        assert srv.get("/v2/health/live")[0] == 200
+    finally:
+        gate.touch()
+    wait_until(lambda: srv.get("/v2/health/ready")[0] == 200, timeout=30, what="ready")
+    assert srv.get("/v2/models/slow_init/ready")[0] == 200
     assert _grpc_ready(srv) is True
 
 
 def test_index_shows_loading_while_model_loads(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
-    slow_init_model(repo, "slow_init", init_s=3.0)
+    gate = tmp_path / "init.open"
+    gated_init_model(repo, "slow_init", gate)
     identity(repo, "ok")
     srv = start_server(repo, "--model-control-mode=explicit", "--load-model=ok")
+    box: dict = {}
     t = threading.Thread(
-        target=post, args=(srv, "/v2/repository/models/slow_init/load"), kwargs={"timeout": 30}
+        target=lambda: box.update(r=post(srv, "/v2/repository/models/slow_init/load", timeout=60))
     )
     t.start()
     try:
@@ -202,9 +244,12 @@ def test_index_shows_loading_while_model_loads(tmp_path: Path, start_server):
             states.extend(e.get("state", "") for e in entries)
             return any(e.get("state") == "LOADING" for e in entries)
 
-        wait_until(loading, timeout=2.5, interval=0.05, what=f"LOADING (saw {set(states)})")
+        wait_until(loading, interval=0.05, what=f"LOADING (saw {set(states)})")
+        assert srv.get("/v2/models/slow_init/ready")[0] == 400
     finally:
-        t.join(30)
+        gate.touch()
+        t.join(60)
+    assert box["r"] == (200, b"")
     assert [e["state"] for e in index_entries(srv, "slow_init")] == ["READY"]
 
 

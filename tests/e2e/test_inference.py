@@ -14,11 +14,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 
 from tests.e2e.helpers import error_text, grpc_client, grpc_status, http_client, post, request
 from tests.zoo import copy_example, identity
 
+pytestmark = pytest.mark.grpc  # HTTP and gRPC side by side, also on the grpc.aio edge
 # KServe datatype -> (config type, numpy dtype, sample values)
 DTYPES: dict[str, tuple[str, Any, list[Any]]] = {
     "BOOL": ("TYPE_BOOL", np.bool_, [True, False, True]),
@@ -256,7 +257,8 @@ def test_grpc_typed_contents(stub):
     resp = stub.ModelInfer(req, timeout=30)
     assert [o.name for o in resp.outputs] == ["OUTPUT1"]
     assert np.frombuffer(resp.raw_output_contents[0], dtype=np.float32).tolist() == [0, 1, 2, 3]
-    # typed BOOL / INT64 / BYTES contents
+    # typed BOOL / INT64 / BYTES contents: the identity models answer the same values
+    # (in raw_output_contents, as Triton answers)
     for model, dt, field, vals in (
         ("id_bool", "BOOL", "bool_contents", [True, False]),
         ("id_int64", "INT64", "int64_contents", [-5, 2**40]),
@@ -268,6 +270,12 @@ def test_grpc_typed_contents(stub):
         resp = stub.ModelInfer(req, timeout=30)
         assert resp.outputs[0].datatype == dt and list(resp.outputs[0].shape) == [1, 2]
         assert len(resp.raw_output_contents) == 1
+        raw = resp.raw_output_contents[0]
+        if dt == "BYTES":
+            got = [bytes(x) for x in deserialize_bytes_tensor(raw)]
+        else:
+            got = np.frombuffer(raw, dtype=np.bool_ if dt == "BOOL" else np.int64).tolist()
+        assert got == vals, (dt, got)
 
 
 def test_grpc_infer_and_output_subset(gc):
@@ -341,7 +349,9 @@ def test_nobatch_good(srv):
     }
     code, raw = post(srv, "/v2/models/nobatch/infer", body)
     assert code == 200, raw
-    assert json.loads(raw)["outputs"][0]["shape"] == [2, 3]
+    assert json.loads(raw)["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "INT32", "shape": [2, 3], "data": [0, 1, 2, 3, 4, 5]}
+    ]
 
 
 # ---------------------------------------------------------------------------- HTTP errors
@@ -502,7 +512,14 @@ _BLONG, _HLONG = _binary_case(16, b"\0" * 16 + b"\0" * 20)
 HTTP_ERRORS += [
     ("binary-size-vs-shape", "/v2/models/add_sub/infer", _B12, _H12, 400, ["INPUT0"]),
     ("binary-body-short", "/v2/models/add_sub/infer", _BSHORT, _HSHORT, 400, ["INPUT1"]),
-    ("binary-trailing-bytes", "/v2/models/add_sub/infer", _BLONG, _HLONG, 400, []),
+    (
+        "binary-trailing-bytes",
+        "/v2/models/add_sub/infer",
+        _BLONG,
+        _HLONG,
+        400,
+        ["unexpected additional input data", "add_sub"],
+    ),
 ]
 
 

@@ -80,6 +80,7 @@ def test_log_file_and_format_flags(tmp_path: Path, start_server):
     assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I sluice.manager\] loaded 'a'", text, re.M)
 
 
+@pytest.mark.grpc
 def test_grpc_log_settings(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -12,6 +12,9 @@ Rules of this file:
 - The ensemble's ``max_batch_size``, inputs and outputs come from its config only.
 - ``plan`` checks the wiring against the composing models' configs at load and raises
   InvalidArgument naming the step and tensor.
+- A step that fails fails its request only: the client gets the composing model's error
+  (its text first, its status) followed by the ensemble, the step's index in the config and
+  the composing model; the requests in flight beside it go on.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Step:
     version: str  # "" = latest
     inputs: tuple[tuple[str, str], ...]  # (model input, ensemble tensor)
     outputs: tuple[tuple[str, str], ...]  # (model output, ensemble tensor)
+    index: int = 0  # its place in ensemble_scheduling.step (errors name it)
 
 
 def composing_models(config: mc.ModelConfig) -> list[str]:
@@ -117,6 +121,7 @@ def plan(config: mc.ModelConfig, config_of: ConfigFn) -> list[Step]:
                     str(s.model_version) if s.model_version > 0 else "",
                     tuple(sorted(s.input_map.items())),
                     tuple(sorted(s.output_map.items())),
+                    i,
                 )
             )
             available.update(s.output_map.values())
@@ -167,8 +172,13 @@ class EnsembleInstance:
             try:
                 response = await self._infer(sub)
             except ServerError as exc:
+                # the composing model's own text first (Triton passes it through unchanged),
+                # then where it failed; its status stays the client's status
+                where = f"composing model '{step.model}'" + (
+                    f" version {step.version}" if step.version else ""
+                )
                 raise type(exc)(
-                    f"in ensemble '{self.spec.name}', composing model '{step.model}': {exc}",
+                    f"{exc} (in ensemble '{self.spec.name}', step {step.index}: {where})",
                     exc.status,
                 ) from None
             for model_out, t in step.outputs:

@@ -104,6 +104,9 @@ class GrpcHandlers:
         self.tracer = service.tracer  # the trace extension: one test per request when off
         # restricted protocols, API keys, audit log: checked by the edges; None when none
         self.policy = policy
+        # --traffic-follows-readiness: gRPC itself stops taking calls at SIGTERM (a proxy
+        # then passes them on), so a call that reached a handler is in flight, not refused
+        self.admitted = service.config.traffic_follows_readiness
 
     # --- health / metadata --------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -140,7 +143,7 @@ class GrpcHandlers:
             if trace is not None:
                 return await self._traced(request, None, trace, codec.encode_infer_response)
         req = codec.decode_infer_request(request)
-        response = await self.service.infer(req, protocol="ModelInfer RPC")
+        response = await self.service.infer(req, protocol="ModelInfer RPC", admitted=self.admitted)
         return codec.encode_infer_response(response, req)
 
     def read_model_infer(self, payload: bytes | memoryview, received_ns: int = 0) -> _Read:
@@ -171,7 +174,7 @@ class GrpcHandlers:
                     )
             req = codec.decode_infer_request(msg, raws)
             req.arrival_ns = received_ns
-        response = await self.service.infer(req, protocol="ModelInfer RPC")
+        response = await self.service.infer(req, protocol="ModelInfer RPC", admitted=self.admitted)
         return codec.encode_infer_response_parts(response, req)
 
     async def _traced(
@@ -192,7 +195,9 @@ class GrpcHandlers:
             trace.stamp("GRPC_WAITREAD_END")
             req.trace = trace
             req.arrival_ns = received_ns
-            response = await self.service.infer(req, protocol="ModelInfer RPC")
+            response = await self.service.infer(
+                req, protocol="ModelInfer RPC", admitted=self.admitted
+            )
             trace.stamp("INFER_RESPONSE_COMPLETE")
             trace.stamp("GRPC_SEND_START")
             out = encode(response, req)

@@ -277,25 +277,7 @@ def decode_infer_request(
     n_raw = len(raws)
     tins = msg.inputs
     shm_inputs: dict[str, tuple[str, int, int, str, tuple[int, ...]]] = {}
-    n_shm = sum(1 for t in tins if t.parameters and "shared_memory_region" in t.parameters)
     model = msg.model_name
-    if n_raw and n_raw != len(tins) - n_shm:
-        detail = (
-            f"raw_input_contents has {n_raw} entries but the request has {len(tins) - n_shm} "
-            "inputs not in shared memory; when raw_input_contents is used every such input "
-            "must be in it"
-        )
-        if n_raw < len(tins) - n_shm:  # Triton names the first input left without data
-            plain = [
-                t.name
-                for t in tins
-                if not (t.parameters and "shared_memory_region" in t.parameters)
-            ]
-            raise InvalidArgument(
-                f"unable to find data for input tensor '{plain[n_raw]}' for model '{model}' "
-                f"in request. ({detail})"
-            )
-        raise InvalidArgument(f"unexpected additional input data for model '{model}': {detail}")
     inputs: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
     next_raw = 0
@@ -333,11 +315,17 @@ def decode_infer_request(
             datatypes[name] = datatype
             continue
         if n_raw:
+            # Triton's order: input by input, both kinds of data first, then a missing raw
+            # entry; too many raw entries only once every input has its data
             if tin.HasField("contents"):
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for "
-                    f"'{name}' for model '{model}' (send every input either in "
-                    "raw_input_contents or in its contents, not both)"
+                    f"'{name}' for model '{model}'"
+                )
+            if next_raw >= n_raw:
+                raise InvalidArgument(
+                    f"unable to find data for input tensor '{name}' for model '{model}' "
+                    f"in request. ({_raw_count_detail(n_raw, tins)})"
                 )
             raw = raws[next_raw]
             next_raw += 1
@@ -360,6 +348,11 @@ def decode_infer_request(
         inputs[name] = arr
         datatypes[name] = datatype
 
+    if next_raw < n_raw:
+        raise InvalidArgument(
+            f"unexpected additional input data for model '{model}': "
+            f"{_raw_count_detail(n_raw, tins)}"
+        )
     outputs: list[OutputSpec] | None = None
     shm_outputs: list[str] = []
     if msg.outputs:
@@ -384,6 +377,14 @@ def decode_infer_request(
     if shm_outputs:
         request.shm_outputs = frozenset(shm_outputs)
     return request
+
+
+def _raw_count_detail(n_raw: int, tins: Any) -> str:
+    plain = sum(1 for t in tins if not (t.parameters and "shared_memory_region" in t.parameters))
+    return (
+        f"raw_input_contents has {n_raw} entries but the request has {plain} inputs not in "
+        "shared memory; when raw_input_contents is used every such input must be in it"
+    )
 
 
 def _in_shm(request: InferRequest | None) -> frozenset[str]:

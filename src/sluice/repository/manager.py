@@ -17,6 +17,7 @@ import asyncio
 import base64
 import binascii
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -142,6 +143,8 @@ class ModelManager:
         self.startup_done = False
         # ensemble name -> its composing models (an ensemble is ready only while they are)
         self._ensembles: dict[str, list[str]] = {}
+        # one number per load of a version (``ServingVersion.generation``, the cache key's)
+        self._generations = itertools.count(1)
 
     # ---------------------------------------------------------------- lookups
     def record(self, name: str) -> ModelRecord:
@@ -473,6 +476,7 @@ class ModelManager:
                     required_inputs=frozenset(n for n, t in inputs.items() if not t.optional),
                     max_batch_size=config.max_batch_size,
                     version_str=str(v),
+                    generation=next(self._generations),
                     decoupled=config.model_transaction_policy.decoupled,
                     cached=self.serving.cache is not None
                     and config.response_cache.enable
@@ -562,6 +566,9 @@ class ModelManager:
         async def one(sv: ServingVersion) -> None:
             await sv.scheduler.drain()
             await sv.scheduler.stop()
+            cache = self.serving.cache
+            if sv.cached and cache is not None:  # its entries can never be asked for again
+                cache.forget(sv.spec.name, sv.version_str, sv.generation)
 
         await asyncio.gather(*(one(sv) for sv in versions))
 

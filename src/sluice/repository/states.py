@@ -73,6 +73,9 @@ class ServingVersion:
     version_str: str
     decoupled: bool = False  # model_transaction_policy { decoupled: true }
     cached: bool = False  # response_cache { enable: true } and a server cache
+    # unique per load of this version (the manager counts): the response cache keys on it,
+    # so files changed under the same version number never answer from the old load's entries
+    generation: int = 0
 
     @property
     def config(self) -> mc.ModelConfig:
