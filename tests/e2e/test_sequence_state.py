@@ -20,8 +20,6 @@ from tests.e2e.helpers import error_text, grpc_client, http_client, index_entrie
 from tests.zoo import write_model
 from tests.zoo_state import FILE_INIT, STATE, ZERO_INIT, acc_model
 
-pytest.importorskip("onnx")
-
 STATE_OUT = ', { name: "OUTPUT_STATE", data_type: TYPE_INT32, dims: [ 1 ] }'
 IDLE_US = 300_000
 
