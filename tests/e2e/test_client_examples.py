@@ -38,7 +38,6 @@ import sluice
 from tests.zoo import write_model
 from tests.zoo_examples import ADD_SUB_PY, EXAMPLE_MODELS, add_sub_config, write_example_models
 
-pytestmark = pytest.mark.grpc  # the gRPC examples run on both edges
 
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.ones((1, 16), dtype=np.int32)
@@ -95,6 +94,7 @@ def test_health_and_metadata_http(srv):
         assert "Request for unknown model: 'wrong_model_name'" in info.value.message()
 
 
+@pytest.mark.grpc
 def test_health_and_metadata_grpc(srv):
     with grpcclient.InferenceServerClient(srv.grpc) as c:
         assert c.is_server_live(headers={"test": "1", "dummy": "2"})
@@ -210,6 +210,7 @@ def test_http_asyncio_infer(srv):
 
 # ------------------------------------------------------------------------------ gRPC inference
 @pytest.mark.parametrize("algo", [None, "gzip", "deflate"])
+@pytest.mark.grpc
 def test_grpc_infer_compression_and_headers(srv, algo):
     with grpcclient.InferenceServerClient(srv.grpc) as c:
         result = c.infer(
@@ -222,6 +223,7 @@ def test_grpc_infer_compression_and_headers(srv, algo):
         _check_add_sub(result)
 
 
+@pytest.mark.grpc
 def test_grpc_async_infer_callback(srv):
     done: queue.Queue[Any] = queue.Queue()
     with grpcclient.InferenceServerClient(srv.grpc) as c:
@@ -238,6 +240,7 @@ def test_grpc_async_infer_callback(srv):
             _check_add_sub(result, A, B * k)
 
 
+@pytest.mark.grpc
 def test_grpc_asyncio_infer(srv):
     async def main() -> None:
         async with grpcaio.InferenceServerClient(srv.grpc) as c:
@@ -252,6 +255,7 @@ def test_grpc_asyncio_infer(srv):
     asyncio.run(main())
 
 
+@pytest.mark.grpc
 def test_grpc_channel_args_and_keepalive(srv):
     channel_args = [
         ("grpc.max_send_message_length", 1024 * 1024),
@@ -278,7 +282,9 @@ STRINGS_A = np.array([[str(i).encode() for i in range(16)]], dtype=object)
 STRINGS_B = np.array([[b"1"] * 16], dtype=object)
 
 
-@pytest.mark.parametrize("protocol", ["http-binary", "http-json", "grpc"])
+@pytest.mark.parametrize(
+    "protocol", ["http-binary", "http-json", pytest.param("grpc", marks=pytest.mark.grpc)]
+)
 def test_strings(srv, protocol):
     if protocol == "grpc":
         c: Any = grpcclient.InferenceServerClient(srv.grpc)
@@ -325,6 +331,7 @@ def _explicit(model: str, datatype: str, field: str, a: list[Any], b: list[Any])
     return req
 
 
+@pytest.mark.grpc
 def test_grpc_explicit_contents(srv):
     with grpc.insecure_channel(srv.grpc) as channel:
         stub = pbg.GRPCInferenceServiceStub(channel)
@@ -347,7 +354,7 @@ def test_grpc_explicit_contents(srv):
 
 
 # ------------------------------------------------------------------------------ model control
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_model_control(srv, protocol):
     c: Any = (
         httpclient.InferenceServerClient(srv.http)
@@ -382,7 +389,7 @@ def test_model_control(srv, protocol):
 
 
 # ------------------------------------------------------------------------------ shared memory
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_system_shared_memory_reused_objects(srv, protocol):
     """Inputs and outputs in regions, then in the request, then in regions again, with the
     same InferInput / InferRequestedOutput objects."""
@@ -450,6 +457,7 @@ def _expected(values: list[int]) -> list[int]:
     return [values[0] + 1, *values[1:]]
 
 
+@pytest.mark.grpc
 def test_sequence_sync_both_protocols(srv):
     for c, module in (
         (httpclient.InferenceServerClient(srv.http), httpclient),
@@ -473,6 +481,7 @@ def test_sequence_sync_both_protocols(srv):
             assert got["seq-a"] == _expected([-v for v in VALUES])
 
 
+@pytest.mark.grpc
 def test_sequence_stream_grpc(srv):
     results: queue.Queue[Any] = queue.Queue()
     string_id = str(uuid.uuid4())
@@ -506,6 +515,7 @@ def test_sequence_stream_grpc(srv):
 
 
 # ------------------------------------------------------------------------------ decoupled
+@pytest.mark.grpc
 def test_decoupled_repeat_stream(srv):
     """One request, one response per element (the auto_complete_config of this model calls
     pb_utils.using_decoupled_model_transaction_policy: it loaded)."""

@@ -27,7 +27,6 @@ from tests.e2e.helpers import error_text, post
 from tests.zoo import broken_config
 from tests.zoo_examples import write_example_models
 
-pytestmark = pytest.mark.grpc  # each phrase on both protocols
 
 BAD_JSON = '"parameters": {"config": {{"max_batch_size": "16"}}}'  # not JSON at all
 VERSION_PHRASE = "failed to get model version from specified version string 'abc'"
@@ -91,7 +90,7 @@ def _leads(msg: str, phrase: str) -> None:
 
 
 # ------------------------------------------------------------------------------ model control
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 @pytest.mark.parametrize(
     ("model", "config", "status"),
     [
@@ -110,6 +109,7 @@ def test_failed_load_says_failed_to_load(hc, gc, protocol, model, config, status
 
 
 # ------------------------------------------------------------------------------ versions
+@pytest.mark.grpc
 def test_non_numeric_version_grpc(gc, stub):
     for call in (
         lambda: gc.get_model_metadata("simple", "abc"),
@@ -137,6 +137,7 @@ def test_non_numeric_version_http(srv):
     _http_version_answer(*post(srv, "/v2/models/simple/versions/abc/infer", _json_body()))
 
 
+@pytest.mark.grpc
 def test_negative_version(stub):
     req = _raw_request(version="-1")
     msg = _rpc_message(lambda: stub.ModelInfer(req), grpc.StatusCode.INVALID_ARGUMENT)
@@ -166,6 +167,7 @@ def _phrase_of(stub: Any, req: pb.ModelInferRequest) -> str:
     return _rpc_message(lambda: stub.ModelInfer(req), grpc.StatusCode.INVALID_ARGUMENT)
 
 
+@pytest.mark.grpc
 def test_contents_and_raw_input_contents(stub):
     req = _raw_request()
     req.inputs[0].contents.int_contents.extend(range(16))
@@ -176,6 +178,7 @@ def test_contents_and_raw_input_contents(stub):
     )
 
 
+@pytest.mark.grpc
 def test_raw_input_contents_short(stub):
     _leads(
         _phrase_of(stub, _raw_request(raws=1)),
@@ -183,6 +186,7 @@ def test_raw_input_contents_short(stub):
     )
 
 
+@pytest.mark.grpc
 def test_input_without_data(stub):
     req = _contents_request()
     req.inputs[0].ClearField("contents")
@@ -192,6 +196,7 @@ def test_input_without_data(stub):
     )
 
 
+@pytest.mark.grpc
 def test_contents_of_another_type(stub):
     req = _contents_request()
     req.inputs[0].ClearField("contents")
@@ -203,6 +208,7 @@ def test_contents_of_another_type(stub):
     )
 
 
+@pytest.mark.grpc
 def test_contents_count_mismatch(stub):
     _leads(
         _phrase_of(stub, _contents_request(count=15)),
@@ -210,6 +216,7 @@ def test_contents_count_mismatch(stub):
     )
 
 
+@pytest.mark.grpc
 def test_raw_size_mismatch(stub):
     req = _raw_request()
     req.raw_input_contents[1] = bytes(60)
@@ -296,7 +303,7 @@ def _infer(client: Any, module: Any, **kw: Any) -> Any:
     return client.infer(inputs=inputs, **kw)
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_lookup_and_request_phrases(hc, gc, protocol):
     client, module = (hc, httpclient) if protocol == "http" else (gc, grpcclient)
     cases: list[tuple[Callable[[], Any], tuple[str, str], str]] = [
@@ -343,7 +350,7 @@ def test_lookup_and_request_phrases(hc, gc, protocol):
         _leads(_message(call, status, protocol), phrase)
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_validation_phrases(hc, gc, protocol):
     client, module = (hc, httpclient) if protocol == "http" else (gc, grpcclient)
 
@@ -378,6 +385,7 @@ def test_validation_phrases(hc, gc, protocol):
         _leads(_message(call, BAD_REQUEST, protocol), TAGGED + phrase)
 
 
+@pytest.mark.grpc
 def test_unknown_shared_memory_region_in_infer(gc):
     i0 = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
     i0.set_shared_memory("nope_region", 64)

@@ -19,7 +19,6 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.helpers import grpc_client, pending, post, wait_until
 from tests.zoo import fail_model, gated_model
 
-pytestmark = pytest.mark.grpc
 
 # step 0: the gated echo (holds every request until the test opens its gate, so that all of
 # them are provably in flight together); step 1: the faulty model
@@ -103,7 +102,7 @@ def _grpc(srv, model: str, value: float) -> tuple[str, object]:
         c.close()
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 @pytest.mark.parametrize("kind", list(FAULTS))
 def test_a_failing_step_fails_its_request_only(srv, module_repo, kind, protocol):
     bad, text, http_code, grpc_code = FAULTS[kind]

@@ -23,9 +23,8 @@ from tests.e2e.helpers import pending, wait_until
 from tests.zoo import copy_example, gated_model
 from tests.zoo_examples import write_example_models
 
-pytestmark = pytest.mark.grpc
 
-PROTOCOLS = ["http", "grpc"]
+PROTOCOLS = ["http", pytest.param("grpc", marks=pytest.mark.grpc)]
 SENTINEL = 0xAB
 
 

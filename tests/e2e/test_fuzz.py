@@ -44,7 +44,6 @@ from tests.fuzz_requests import (
     http_cases,
 )
 
-pytestmark = pytest.mark.grpc
 
 COUNT = int(os.environ.get("FUZZ_COUNT", "10000"))
 BATCH = 50  # requests per Hypothesis example: DRAWN structured cases, the rest their variants
@@ -284,6 +283,7 @@ def _grpc_problem(case: GrpcCase, code: grpc.StatusCode, details: str) -> str | 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.grpc
 def test_grpc_fuzz(server: Any) -> None:
     pid = server.proc.pid
     _add_sub_ok_grpc(server)
@@ -335,6 +335,7 @@ STREAM_MESSAGES = 50  # per stream; every one must be answered and the stream en
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.grpc
 def test_grpc_stream_fuzz(server: Any) -> None:
     """ModelStreamInfer: malformed messages on open streams. Each message gets exactly one
     answer (``error_message`` or a response: no model here is decoupled), the stream stays

@@ -14,7 +14,6 @@ import sluice
 from tests.e2e.helpers import error_text, grpc_client, grpc_status, index_entries, post, wait_until
 from tests.zoo import copy_example, identity, init_fail_model, write_model
 
-pytestmark = pytest.mark.grpc  # every answer is checked on both protocols
 
 # An FP32 [1] identity whose initialize() waits until the file named by "gate" exists: the
 # model stays LOADING exactly as long as the test wants, no clock involved.
@@ -82,6 +81,7 @@ def test_live_and_ready_http(srv):
     assert srv.get("/v2/health/ready") == (200, b"")
 
 
+@pytest.mark.grpc
 def test_live_and_ready_grpc(gc):
     assert gc.is_server_live() is True
     assert gc.is_server_ready() is True
@@ -96,6 +96,7 @@ def test_server_metadata_http(srv):
     assert set(md["extensions"]) >= EXTENSIONS, md
 
 
+@pytest.mark.grpc
 def test_server_metadata_grpc(gc, srv):
     md = gc.get_server_metadata()
     assert set(md.extensions) >= EXTENSIONS
@@ -166,6 +167,7 @@ def test_model_ready_http(srv):
         assert code == 400, (path, raw)
 
 
+@pytest.mark.grpc
 def test_metadata_config_ready_grpc(gc):
     md = gc.get_model_metadata("add_sub")
     assert list(md.versions) == ["1"] and md.platform == "python"
@@ -197,6 +199,7 @@ def _grpc_ready(srv) -> bool:
         c.close()
 
 
+@pytest.mark.grpc
 def test_strict_readiness_not_ready_while_startup_model_loads(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     gate = tmp_path / "init.open"
@@ -225,6 +228,7 @@ def test_strict_readiness_not_ready_while_startup_model_loads(tmp_path: Path, st
     assert _grpc_ready(srv) is True
 
 
+@pytest.mark.grpc
 def test_index_shows_loading_while_model_loads(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     gate = tmp_path / "init.open"
@@ -256,6 +260,7 @@ def test_index_shows_loading_while_model_loads(tmp_path: Path, start_server):
 @pytest.mark.parametrize(
     "strict,expect_http,expect_grpc", [("true", 400, False), ("false", 200, True)]
 )
+@pytest.mark.grpc
 def test_readiness_with_a_failed_model(
     tmp_path: Path, start_server, strict, expect_http, expect_grpc
 ):

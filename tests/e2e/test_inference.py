@@ -19,7 +19,6 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 from tests.e2e.helpers import error_text, grpc_client, grpc_status, http_client, post, request
 from tests.zoo import copy_example, identity
 
-pytestmark = pytest.mark.grpc  # HTTP and gRPC side by side, also on the grpc.aio edge
 # KServe datatype -> (config type, numpy dtype, sample values)
 DTYPES: dict[str, tuple[str, Any, list[Any]]] = {
     "BOOL": ("TYPE_BOOL", np.bool_, [True, False, True]),
@@ -234,6 +233,7 @@ def test_every_datatype_http(hc, dt, binary):
 
 
 @pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.grpc
 def test_every_datatype_grpc(gc, dt):
     _, npt, values = DTYPES[dt]
     arr = np.array([values], dtype=npt)
@@ -248,6 +248,7 @@ def test_every_datatype_grpc(gc, dt):
         assert got.dtype == np.dtype(npt) and got.tolist() == arr.tolist()
 
 
+@pytest.mark.grpc
 def test_grpc_typed_contents(stub):
     req = pb.ModelInferRequest(model_name="add_sub")
     for name, vals in (("INPUT0", [1.0, 2.0, 3.0, 4.0]), ("INPUT1", [1.0, 1.0, 1.0, 1.0])):
@@ -278,6 +279,7 @@ def test_grpc_typed_contents(stub):
         assert got == vals, (dt, got)
 
 
+@pytest.mark.grpc
 def test_grpc_infer_and_output_subset(gc):
     r = gc.infer(
         "add_sub",
@@ -292,6 +294,7 @@ def test_grpc_infer_and_output_subset(gc):
     assert r.as_numpy("OUTPUT0").tolist() == [[2.0, 3.0, 4.0, 5.0]]
 
 
+@pytest.mark.grpc
 def test_grpc_stream_infer(srv):
     c = grpc_client(srv)
     results: queue.Queue = queue.Queue()
@@ -316,6 +319,7 @@ def test_grpc_stream_infer(srv):
     assert len(got_err) == 1 and "nope" in str(got_err[0])
 
 
+@pytest.mark.grpc
 def test_bytes_text_upper_http_json_binary_and_grpc(srv, hc, gc):
     words = ["hello", "w\u00f6rld", ""]
     body = {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "BYTES", "data": words}]}
@@ -650,6 +654,7 @@ GRPC_ERRORS = [
 
 
 @pytest.mark.parametrize("case", GRPC_ERRORS, ids=[c[0] for c in GRPC_ERRORS])
+@pytest.mark.grpc
 def test_grpc_errors(srv, stub, case):
     _, req, code, needles = case
     with pytest.raises(grpc.RpcError) as ei:
@@ -661,6 +666,7 @@ def test_grpc_errors(srv, stub, case):
     _good_http(srv)
 
 
+@pytest.mark.grpc
 def test_grpc_client_errors_via_tritonclient(gc):
     with pytest.raises(InferenceServerException) as ei:
         gc.infer("nope", _add_sub_grpc_inputs())
