@@ -339,3 +339,14 @@ def server_launcher() -> Iterator:
 def start_server() -> Iterator:
     with server_launcher() as start:
         yield start
+
+
+@contextlib.contextmanager
+def refused_address() -> Iterator[str]:
+    """``127.0.0.1:<port>`` where every connection is refused while the context lasts: the port
+    is bound here (nothing else can take it meanwhile) and never listened on. For tests of a
+    client facing a server that is not there, instead of a port found free that another
+    process may bind before the client connects."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{s.getsockname()[1]}"

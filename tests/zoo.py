@@ -317,3 +317,51 @@ def fail_model_batched(repo: Path, name: str = "faulty_batched", delay_us: int =
         """,
         FAIL_PY,
     )
+
+
+# Each execute first writes "<marks>/entered-<worker pid>-<n>", then waits for the file "gate":
+# a test sees which instances are inside execute at the same time from the files alone.
+MARK_GATE_PY = """
+import itertools
+import json
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"])["parameters"]
+        self.gate = params["gate"]["string_value"]
+        self.marks = params["marks"]["string_value"]
+        self.n = itertools.count()
+
+    def execute(self, requests):
+        name = "entered-%d-%d" % (os.getpid(), next(self.n))
+        open(os.path.join(self.marks, name), "w").close()
+        while not os.path.exists(self.gate):
+            time.sleep(0.005)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+"""
+
+
+def marking_gated_model(repo: Path, name: str, gate: Path, marks: Path, count: int = 1) -> Path:
+    """An FP32 [1] echo (INPUT0 -> OUTPUT0, max_batch_size 8, no dynamic batching) on ``count``
+    instances: each execute writes ``marks/entered-<pid>-<n>``, then waits for ``gate``."""
+    marks.mkdir(parents=True, exist_ok=True)
+    return write_model(
+        repo,
+        name,
+        f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
+        parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}
+        parameters {{ key: "marks" value: {{ string_value: "{marks}" }} }}
+        """,
+        MARK_GATE_PY,
+    )

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tests.conftest import free_port
+from tests.conftest import refused_address
 from tests.e2e.helpers import index_entries, infer_fp32, request
 from tests.zoo import broken_config, copy_example, identity, init_fail_model, versioned_model
 
@@ -137,13 +137,14 @@ def test_load_bad_config_file_is_usage_exit_2(srv, tmp_path: Path) -> None:  # t
 
 # --------------------------------------------------------------------------- stats / config
 def test_stats_table_and_json_match_the_server(srv) -> None:  # type: ignore[no-untyped-def]
+    before = json.loads(request(srv, "GET", "/v2/models/dual/stats")[1])["model_stats"]
     for v in range(5):
         assert infer_fp32(srv, "dual", float(v))[0] == 200
     doc = json.loads(ok(model(srv, "stats", "dual", "--format", "json")))
     ms = doc["model_stats"]
     assert [(m["name"], m["version"]) for m in ms] == [("dual", "2")]
     count = ms[0]["inference_count"]
-    assert count >= 5
+    assert count == sum(m["inference_count"] for m in before) + 5, (before, ms)
     rows = table(ok(model(srv, "stats", "dual")))
     assert rows[0] == [
         "MODEL",
@@ -162,7 +163,11 @@ def test_stats_table_and_json_match_the_server(srv) -> None:  # type: ignore[no-
     assert row[6] == "0"
     assert int(row[8]) > 0  # compute time per request, in usec
     every = table(ok(model(srv, "stats")))
-    assert {r[0] for r in every[1:]} >= {"add_sub", "dual"}
+    served = json.loads(request(srv, "GET", "/v2/models/stats")[1])["model_stats"]
+    assert sorted((r[0], r[1]) for r in every[1:]) == sorted(
+        (m["name"], m["version"]) for m in served
+    )
+    assert {"add_sub", "dual"} <= {r[0] for r in every[1:]}
 
 
 def test_stats_of_a_model_not_loaded_exit_1(srv) -> None:  # type: ignore[no-untyped-def]
@@ -226,12 +231,12 @@ def test_traffic_over_a_version_not_serving_exit_1(srv) -> None:  # type: ignore
 
 # --------------------------------------------------------------------------- connection, usage
 def test_connection_refused_exit_3_names_the_url() -> None:
-    url = f"127.0.0.1:{free_port()}"
-    for args in (["model", "list"], ["model", "stats", "x"], ["model", "unload", "x"]):
-        r = sluice(*args, "-u", url)
-        assert r.returncode == 3, r
-        assert r.stderr.startswith(f"error: cannot connect to {url}")
-        assert r.stdout == ""
+    with refused_address() as url:
+        for args in (["model", "list"], ["model", "stats", "x"], ["model", "unload", "x"]):
+            r = sluice(*args, "-u", url)
+            assert r.returncode == 3, r
+            assert r.stderr.startswith(f"error: cannot connect to {url}")
+            assert r.stdout == ""
 
 
 def test_usage_errors_exit_2() -> None:

@@ -5,9 +5,12 @@ default, the ``--allow-*`` flags, and the GPU-only flags accepted and ignored.""
 
 from __future__ import annotations
 
+import gzip
+import http.client
 import json
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,69 @@ def _stats(srv: Any, model: str) -> dict[str, Any]:
     return dict(json.loads(raw)["model_stats"][0])
 
 
+def _compress(data: bytes, how: str) -> bytes:
+    return gzip.compress(data) if how == "gzip" else zlib.compress(data)
+
+
+def _decompress(data: bytes, how: str) -> bytes:
+    return gzip.decompress(data) if how == "gzip" else zlib.decompress(data)
+
+
 # ----------------------------------------------------------------------------- HTTP edge
+@pytest.mark.parametrize(("req", "resp"), [("gzip", "deflate"), ("deflate", "gzip")])
+def test_http_compression_both_ways_on_the_wire(srv: Any, req: str, resp: str) -> None:
+    # what travels: a compressed request body the server must inflate, and a response body
+    # compressed as Accept-Encoding asked, said so in its Content-Encoding header
+    doc = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [2, 4], "datatype": "FP32", "data": A.ravel().tolist()},
+            {"name": "INPUT1", "shape": [2, 4], "datatype": "FP32", "data": B.ravel().tolist()},
+        ],
+        "outputs": [{"name": "OUTPUT1"}],
+    }
+    body = _compress(json.dumps(doc).encode(), req)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+    try:
+        headers = {"Content-Encoding": req, "Accept-Encoding": resp}
+        conn.request("POST", "/v2/models/add_sub/infer", body=body, headers=headers)
+        r = conn.getresponse()
+        raw = r.read()
+        assert r.status == 200, raw
+        assert r.getheader("Content-Encoding") == resp, r.getheaders()
+        assert int(r.getheader("Content-Length", "-1")) == len(raw)
+        plain = _decompress(raw, resp)  # raises unless the body really is compressed that way
+        out = json.loads(plain)["outputs"]
+        assert [o["name"] for o in out] == ["OUTPUT1"], out
+        assert out[0]["data"] == (A - B).ravel().tolist() and out[0]["shape"] == [2, 4], out
+        # without Accept-Encoding the same answer comes back uncompressed
+        conn.request(
+            "POST", "/v2/models/add_sub/infer", body=body, headers={"Content-Encoding": req}
+        )
+        r = conn.getresponse()
+        raw = r.read()
+        assert r.status == 200 and r.getheader("Content-Encoding") is None, r.getheaders()
+        assert json.loads(raw)["outputs"] == out
+    finally:
+        conn.close()
+
+
+@pytest.mark.grpc
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_grpc_compressed_call_answers_exact_values(srv: Any, algorithm: str) -> None:
+    g = grpc_client(srv)
+    try:
+        ins = []
+        for name, x in (("INPUT0", A), ("INPUT1", B)):
+            i = grpcclient.InferInput(name, list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            ins.append(i)
+        r = g.infer("add_sub", ins, compression_algorithm=algorithm)
+    finally:
+        g.close()
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
+
+
 @pytest.mark.parametrize(("req", "resp"), [("gzip", "deflate"), ("deflate", "gzip")])
 def test_http_compression_both_ways(srv: Any, req: str, resp: str) -> None:
     c = http_client(srv)
@@ -102,6 +167,7 @@ def test_invalid_base64_in_a_file_override_is_400_naming_it(srv: Any) -> None:
     assert srv.get("/v2/models/add_sub/ready")[0] == 200
 
 
+@pytest.mark.grpc
 def test_16_mib_tensors_both_protocols(srv: Any) -> None:
     big = np.random.default_rng(0).random(1 << 22, dtype=np.float32)  # 16 MiB
     c = http_client(srv, timeout=120)
@@ -121,20 +187,26 @@ def test_16_mib_tensors_both_protocols(srv: Any) -> None:
 
 
 # ------------------------------------------------------------------------- statistics
+@pytest.mark.grpc
 def test_statistics_over_grpc_match_http_and_all_models_listed(srv: Any) -> None:
     c = http_client(srv)
     g = grpc_client(srv)
     try:
+        before = c.get_inference_statistics("add_sub")["model_stats"][0]
         for _ in range(3):
             c.infer("add_sub", _http_inputs())
         h = c.get_inference_statistics("add_sub")["model_stats"][0]
+        # three requests of batch 2, one after the other: three executions, six inferences
+        assert h["execution_count"] - before["execution_count"] == 3, (before, h)
+        assert h["inference_count"] - before["inference_count"] == 6, (before, h)
         gs = g.get_inference_statistics("add_sub", as_json=True)["model_stats"][0]
         # gRPC's JSON prints uint64s as strings: compare as numbers
         assert (
             int(gs["inference_stats"]["success"]["count"])
             == h["inference_stats"]["success"]["count"]
         )
-        assert int(gs["execution_count"]) == h["execution_count"] >= 3
+        assert int(gs["execution_count"]) == h["execution_count"]
+        assert int(gs["inference_count"]) == h["inference_count"]
         assert gs["version"] == h["version"] == "1"
         assert [int(b["batch_size"]) for b in gs["batch_stats"]] == [
             b["batch_size"] for b in h["batch_stats"]
@@ -214,6 +286,7 @@ def test_exit_on_error_default_exits_1_when_a_model_fails_at_start(tmp_path: Pat
     assert "--exit-on-error=true" in log and "Traceback" not in log, log
 
 
+@pytest.mark.grpc
 def test_allow_flags_turn_front_ends_off(tmp_path: Path, start_server) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -224,6 +297,7 @@ def test_allow_flags_turn_front_ends_off(tmp_path: Path, start_server) -> None:
     assert "GRPCInferenceService" not in srv.log() and "Metrics Service" not in srv.log()
     code, out = infer_fp32(srv, "add_sub", 1.0)
     assert code == 400, out  # add_sub wants two [4] inputs: the server answered, over HTTP
+    assert "for model 'add_sub'" in out["error"], out
     srv2 = start_server(repo, "--allow-http=false", "--allow-cpu-metrics=false")
     ports = srv2.ports()
     assert ports["http"] is None and ports["grpc"] and ports["metrics"]

@@ -1,4 +1,4 @@
-"""Part 3, repository: config.pbtxt parsing, version directories, version_policy, broken configs."""
+"""The repository: config.pbtxt parsing, version directories, version_policy, broken configs."""
 
 from __future__ import annotations
 
@@ -97,29 +97,32 @@ def test_non_numeric_and_zero_prefixed_version_dirs_are_ignored_with_warning(rep
     assert code == 400, out
     assert "'abc': a version is a non-negative integer (model 'vdefault')" in out["error"], out
     assert {e.get("version") for e in index_entries(srv, "vdefault")} == {"1"}
-    log_lines = srv.log().splitlines()
+    log = srv.log()
     for bogus in ("010", "01", "abc"):
-        named = [
-            line
-            for line in log_lines
-            if "vdefault" in line and (f"/vdefault/{bogus}'" in line or f"'{bogus}'" in line)
-        ]
-        assert any(w in line.lower() for line in named for w in ("warn", "ignor", "skip")) or any(
-            " W " in line for line in named
-        ), (bogus, log_lines)
+        warning = (
+            f"model 'vdefault': ignoring directory '{srv.repo / 'vdefault' / bogus}': version "
+            "directories must be numeric without a leading 0"
+        )
+        # a warning (level W), from the repository scan
+        assert any(line.endswith(f" W sluice.repository] {warning}") for line in log.splitlines())
 
 
 def test_model_file_at_model_root_is_called_out(repo_server):
     log = repo_server.log()
     for model in ("rootfile", "rootonly"):
-        root_file = str(repo_server.repo / model / "model.py")
-        assert any(
-            root_file in line and ("warn" in line.lower() or " W " in line)
-            for line in log.splitlines()
-        ), (model, log)
+        mdir = repo_server.repo / model
+        warning = (
+            f"model '{model}': file '{mdir / 'model.py'}' is at the model root and will not be "
+            f"loaded; move it into a numeric version directory, e.g. {mdir}/1/model.py"
+        )
+        assert any(line.endswith(f" W sluice.repository] {warning}") for line in log.splitlines())
     # With nothing else, the model is UNAVAILABLE with a reason; its neighbours serve.
     entries = index_entries(repo_server, "rootonly")
-    assert entries and entries[0].get("state") == "UNAVAILABLE" and entries[0].get("reason")
+    assert [e.get("state") for e in entries] == ["UNAVAILABLE"], entries
+    assert entries[0]["reason"] == (
+        f"failed to load 'rootonly': no version directory found in {repo_server.repo / 'rootonly'}"
+        " (versions are numeric directories such as 1/)"
+    ), entries
     # The real version still serves.
     code, out = infer_fp32(repo_server, "rootfile", 1.0)
     assert code == 200 and out["outputs"][0]["data"] == [2.0], out
@@ -150,6 +153,7 @@ def test_version_policy_decides_served_versions_http(repo_server, model, served)
     assert ready_versions == served
 
 
+@pytest.mark.grpc
 @pytest.mark.parametrize(
     "model,served", [("vlatest2", ["2", "3"]), ("vall", ["1", "2", "3"]), ("vspecific", ["1", "3"])]
 )
@@ -208,6 +212,7 @@ def test_broken_config_at_startup_is_unavailable_with_reason(repo_server):
     assert infer_fp32(repo_server, "vdefault", 0.0)[0] == 200
 
 
+@pytest.mark.grpc
 def test_broken_config_load_error_names_file_line_field(tmp_path: Path, start_server):
     repo = tmp_path / "repo"
     broken_config(repo, "broken")

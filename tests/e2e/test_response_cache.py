@@ -48,6 +48,7 @@ def srv(module_server, module_repo: Path):
     return module_server(module_repo, "--cache-config=local,size=128")
 
 
+@pytest.mark.grpc
 def test_identical_requests_are_answered_from_the_cache(srv):
     outs = []
     for _ in range(3):
@@ -101,6 +102,12 @@ def test_least_recently_used_response_leaves_first(srv):
 
 
 def test_cache_metrics_as_triton_names_them(srv):
+    # its own traffic (the test holds alone): two new entries, a hit on each, and the model
+    # without response_cache served once
+    before = _stats(srv, "cached")["inference_stats"]
+    for a in (40, 50, 40, 50):
+        assert post(srv, "/v2/models/cached/infer", _body([a, a, a, a]))[0] == 200
+    assert post(srv, "/v2/models/plain/infer", _body([40, 40, 40, 40]))[0] == 200
     text = srv.get("/metrics", port=srv.metrics_port)[1].decode()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model"):
@@ -108,9 +115,15 @@ def test_cache_metrics_as_triton_names_them(srv):
         models = {s.labels["model"] for s in fams[name].samples}
         assert models == {"cached"}, (name, models)
     hits = {s.labels["model"]: s.value for s in fams["nv_cache_num_hits_per_model"].samples}
-    assert hits["cached"] == _stats(srv, "cached")["inference_stats"]["cache_hit"]["count"]
+    misses = {s.labels["model"]: s.value for s in fams["nv_cache_num_misses_per_model"].samples}
+    inf = _stats(srv, "cached")["inference_stats"]
+    assert hits["cached"] == inf["cache_hit"]["count"], (hits, inf)
+    assert misses["cached"] == inf["cache_miss"]["count"], (misses, inf)
+    assert inf["cache_hit"]["count"] - before["cache_hit"]["count"] == 2, (before, inf)
+    assert inf["cache_miss"]["count"] - before["cache_miss"]["count"] == 2, (before, inf)
+    # the two newest entries, 64 bytes each, fill the 128-byte cache
     assert fams["nv_cache_num_entries"].samples[0].value == 2
-    assert 0 < fams["nv_cache_util"].samples[0].value <= 1
+    assert fams["nv_cache_util"].samples[0].value == 1.0
 
 
 def test_bad_cache_config_is_a_one_line_error(tmp_path: Path):

@@ -67,8 +67,18 @@ def test_seed_curl_sequence_verbatim(tmp_path: Path, start_server):
     assert "nv_inference_compute_infer_duration_us" in r.stdout
 
 
-@pytest.mark.parametrize("flag", ["--no-such-flag=1", "--model-control-mode=sometimes"])
-def test_bad_flags_are_clear_errors(flag, tmp_path: Path):
+@pytest.mark.parametrize(
+    "flag, error",
+    [
+        ("--no-such-flag=1", "sluice: error: unrecognized arguments: --no-such-flag=1"),
+        (
+            "--model-control-mode=sometimes",
+            "sluice serve: error: argument --model-control-mode: invalid choice: 'sometimes' "
+            "(choose from 'none', 'explicit', 'poll')",
+        ),
+    ],
+)
+def test_bad_flags_are_clear_errors(flag, error, tmp_path: Path):
     import sys
 
     r = subprocess.run(
@@ -77,4 +87,5 @@ def test_bad_flags_are_clear_errors(flag, tmp_path: Path):
         text=True,
         timeout=60,
     )
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == error, r.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,9 @@ class TritonPythonModel:
 """
 
 
+IDLE_S = 1.5  # max_sequence_idle_microseconds of the models here
+
+
 def _seq_model(repo: Path, name: str, corrid_type: str, extra: str = "", count: int = 1) -> None:
     write_model(
         repo,
@@ -55,7 +59,7 @@ def _seq_model(repo: Path, name: str, corrid_type: str, extra: str = "", count: 
         max_batch_size: 4
         instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
         sequence_batching {{
-          max_sequence_idle_microseconds: 1500000
+          max_sequence_idle_microseconds: {int(IDLE_S * 1e6)}
           {extra}
           control_input [
             {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] }} ] }},
@@ -99,6 +103,7 @@ def _out(doc: dict, name: str) -> list:
     return next(o["data"] for o in doc["outputs"] if o["name"] == name)
 
 
+@pytest.mark.grpc
 def test_sequences_keep_state_order_and_instance_with_controls(srv):
     c = grpc_client(srv)
     try:
@@ -166,15 +171,16 @@ def test_string_correlation_ids(srv):
 
 def test_an_idle_sequence_is_released_and_a_late_request_refused(srv):
     assert _http(srv, "seq", 1, {"sequence_id": 77, "sequence_start": True})[0] == 200
-    import time
-
-    deadline = time.monotonic() + 20
-    while True:  # wait on the server's state: the sequence is released once idle 1.5 s
+    # The server looks for idle sequences once per idle period (1.5 s), so one idle since t
+    # is gone by t + 3 s. A probe that came earlier would find it alive and keep it so: each
+    # probe waits that long after the last request first (more only if the server lags).
+    for _ in range(5):
+        time.sleep(2 * IDLE_S + 0.2)
         code, doc = _http(srv, "seq", 0, {"sequence_id": 77})
         if code == 400:
             break
-        assert code == 200 and time.monotonic() < deadline
-        time.sleep(2.0)
+        assert code == 200, doc
+    assert code == 400, "the idle sequence was never released"
     assert "must specify the START flag" in doc["error"]
     assert "released after" in doc["error"] and "max_sequence_idle_microseconds" in doc["error"]
 

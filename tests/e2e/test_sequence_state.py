@@ -20,8 +20,6 @@ from tests.e2e.helpers import error_text, grpc_client, http_client, index_entrie
 from tests.zoo import write_model
 from tests.zoo_state import FILE_INIT, STATE, ZERO_INIT, acc_model
 
-pytest.importorskip("onnx")
-
 STATE_OUT = ', { name: "OUTPUT_STATE", data_type: TYPE_INT32, dims: [ 1 ] }'
 IDLE_US = 300_000
 
@@ -153,7 +151,7 @@ def _stats(srv: Any, model: str) -> dict[str, Any]:
     return dict(json.loads(srv.get(f"/v2/models/{model}/stats")[1])["model_stats"][0])
 
 
-@pytest.mark.parametrize("proto", ["http", "grpc"])
+@pytest.mark.parametrize("proto", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_interleaved_sequences_keep_separate_sums(srv, proto: str) -> None:  # type: ignore[no-untyped-def]
     a, b = (11, 12) if proto == "http" else (21, 22)
     got: dict[int, list[int]] = {a: [], b: []}
@@ -168,7 +166,7 @@ def test_interleaved_sequences_keep_separate_sums(srv, proto: str) -> None:  # t
     assert [t["name"] for t in meta["outputs"]] == ["OUTPUT"]
 
 
-@pytest.mark.parametrize("proto", ["http", "grpc"])
+@pytest.mark.parametrize("proto", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_start_resets_and_end_drops_the_state(srv, proto: str) -> None:  # type: ignore[no-untyped-def]
     corr = 31 if proto == "http" else 32
     run = [_infer(srv, proto, "acc_file", corr, x, start=x == 1)["OUTPUT"] for x in (1, 2, 3)]
@@ -177,11 +175,13 @@ def test_start_resets_and_end_drops_the_state(srv, proto: str) -> None:  # type:
     assert _infer(srv, proto, "acc_file", corr, 5, start=True)["OUTPUT"] == 105
     assert _infer(srv, proto, "acc_file", corr, 5, end=True)["OUTPUT"] == 110
     # after END the id is free: a request without START is refused, a new START begins at 100
-    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+    with pytest.raises(InferenceServerException, match="must specify the START flag") as info:
         _infer(srv, proto, "acc_file", corr, 1)
+    assert str(info.value.status()) == ("400" if proto == "http" else "StatusCode.INVALID_ARGUMENT")
     assert _infer(srv, proto, "acc_file", corr, 7, start=True, end=True)["OUTPUT"] == 107
 
 
+@pytest.mark.grpc
 def test_the_state_output_is_returned_only_when_the_config_lists_it(srv) -> None:  # type: ignore[no-untyped-def]
     out = _infer(srv, "grpc", "acc_file", 41, 4, start=True, end=True)
     assert out == {"OUTPUT": 104, "OUTPUT_STATE": 104}  # listed in output: returned (debugging)
@@ -224,6 +224,7 @@ def test_a_sequence_request_must_have_batch_size_1(srv) -> None:  # type: ignore
     )
 
 
+@pytest.mark.grpc
 def test_oldest_batches_sequences_and_splits_their_states(srv) -> None:  # type: ignore[no-untyped-def]
     before = _stats(srv, "acc_oldest")
     results: dict[int, list[int]] = {}
@@ -254,6 +255,7 @@ def test_oldest_batches_sequences_and_splits_their_states(srv) -> None:  # type:
     assert max(b["batch_size"] for b in after["batch_stats"]) > 1
 
 
+@pytest.mark.grpc
 def test_an_idle_release_drops_the_state(srv) -> None:  # type: ignore[no-untyped-def]
     assert _infer(srv, "grpc", "acc_idle", 71, 5, start=True)["OUTPUT"] == 105
     deadline = time.monotonic() + 30
@@ -262,6 +264,7 @@ def test_an_idle_release_drops_the_state(srv) -> None:  # type: ignore[no-untype
         try:
             _infer(srv, "grpc", "acc_idle", 71, 1)
         except InferenceServerException as exc:
+            assert exc.status() == "StatusCode.INVALID_ARGUMENT", exc
             assert "must specify the START flag" in str(exc) and "released after" in str(exc)
             break
         assert time.monotonic() < deadline, "the sequence was never released"
@@ -269,6 +272,7 @@ def test_an_idle_release_drops_the_state(srv) -> None:  # type: ignore[no-untype
     assert _infer(srv, "grpc", "acc_idle", 71, 1, start=True, end=True)["OUTPUT"] == 101
 
 
+@pytest.mark.grpc
 def test_a_model_without_batching_keeps_its_state(srv) -> None:  # type: ignore[no-untyped-def]
     outs = [_infer(srv, "grpc", "acc_nobatch", 91, x, start=x == 2)["OUTPUT"] for x in (2, 3, 4)]
     assert outs == [2, 5, 9]
@@ -280,6 +284,7 @@ def test_python_model_gets_the_state_input_never_updated(srv) -> None:  # type: 
     assert outs == [{"OUTPUT": 101}, {"OUTPUT": 102}, {"OUTPUT": 103}]
 
 
+@pytest.mark.grpc
 def test_gpu_buffer_options_are_accepted_and_change_nothing(srv) -> None:  # type: ignore[no-untyped-def]
     outs = [_infer(srv, "grpc", "acc_gpu_flags", 95, x, start=x == 1)["OUTPUT"] for x in (1, 2)]
     assert outs == [1, 3]
@@ -333,6 +338,7 @@ def test_a_bad_state_config_fails_the_load_naming_it(srv, state: str, needle: st
     assert entry["state"] == "UNAVAILABLE" and needle in entry["reason"]
 
 
+@pytest.mark.grpc
 def test_a_short_initial_state_file_fails_the_load_over_grpc(srv) -> None:  # type: ignore[no-untyped-def]
     mdir = acc_model(srv.repo, "bad_short", f"{STATE} dims: [ 1 ] {FILE_INIT}", initial_value=1)
     (mdir / "initial_state" / "acc_init").write_bytes(b"\x01\x02")

@@ -143,6 +143,7 @@ def test_bad_regions_offsets_and_sizes_are_400_naming_them(srv, regions):
     assert json.loads(request(srv, "GET", "/v2/systemsharedmemory/status")[1]) == []
 
 
+@pytest.mark.grpc
 def test_grpc_regions_inputs_and_outputs(srv, regions):
     tag, h = regions
     a = np.arange(4, dtype=np.float32).reshape(1, 4)
@@ -170,6 +171,7 @@ def test_grpc_regions_inputs_and_outputs(srv, regions):
         assert c.get_cuda_shared_memory_status(as_json=True) == {}
         with pytest.raises(InferenceServerException) as info:
             c.register_cuda_shared_memory("g", b"\0", 0, 4)
+        assert info.value.status() == "StatusCode.UNIMPLEMENTED", info.value
         assert "without a GPU" in info.value.message()
         c.unregister_system_shared_memory()
         assert c.get_system_shared_memory_status(as_json=True) == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -168,6 +169,7 @@ def stop_ok(srv: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- settings
+@pytest.mark.grpc
 def test_settings_round_trip_over_http_and_grpc(tmp_path: Path, start_server):
     repo = repo_with_models(tmp_path)
     out = tmp_path / "trace.json"
@@ -222,6 +224,14 @@ def test_settings_round_trip_over_http_and_grpc(tmp_path: Path, start_server):
     stop_ok(srv)
 
 
+@pytest.fixture(scope="module")
+def settings_srv(module_server, module_repo: Path) -> Any:
+    """One server for the refused settings: each case checks that nothing changed."""
+    return module_server(
+        module_repo, *trace_flags(module_repo.parent / "trace.json", "--trace-config=rate=5")
+    )
+
+
 @pytest.mark.parametrize(
     "body, status, phrase",
     [
@@ -241,18 +251,14 @@ def test_settings_round_trip_over_http_and_grpc(tmp_path: Path, start_server):
         ("{not json", 400, "failed to parse the trace setting request JSON"),
     ],
 )
-def test_bad_settings_are_refused_naming_the_field(
-    tmp_path: Path, start_server, body, status, phrase
-):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    out = tmp_path / "trace.json"
-    srv = start_server(repo, *trace_flags(out, "--trace-config=rate=5"))
+def test_bad_settings_are_refused_naming_the_field(settings_srv, body, status, phrase):
+    srv = settings_srv
     before = request(srv, "GET", "/v2/trace/setting")[1]
     code, raw = post(srv, "/v2/trace/setting", body)
     assert code == status, raw
     assert phrase in error_text(raw)
     assert request(srv, "GET", "/v2/trace/setting")[1] == before
+    assert json.loads(before)["trace_rate"] == "5"  # the start value: no case changed it
 
 
 def test_bad_trace_flags_are_one_line_errors(tmp_path: Path):
@@ -275,11 +281,11 @@ def test_bad_trace_flags_are_one_line_errors(tmp_path: Path):
 
 
 # ---------------------------------------------------------------------------- the trace file
-@pytest.mark.parametrize("edge", ["native", "aio"])
-def test_file_holds_every_request_at_rate_1(tmp_path: Path, start_server, edge):
+@pytest.mark.grpc  # on the native edge, then again on grpc.aio (scripts/run-tests)
+def test_file_holds_every_request_at_rate_1(tmp_path: Path, start_server):
     repo = repo_with_models(tmp_path)
     out = tmp_path / "trace.json"
-    srv = start_server(repo, *trace_flags(out, "--trace-config=rate=1"), f"--grpc-edge={edge}")
+    srv = start_server(repo, *trace_flags(out, "--trace-config=rate=1"))
     t0 = time.monotonic_ns()
     for k in range(4):
         http_infer(srv, "add_sub", f"h{k}")
@@ -431,8 +437,8 @@ def test_a_lone_request_waits_its_batch_window_from_its_arrival_not_its_enqueue(
     # Triton counts from the enqueue: the large one would wait the whole window again.
     repo = tmp_path / "repo"
     repo.mkdir()
-    window_ns = 20_000_000
-    identity(repo, "batched", extra="dynamic_batching { max_queue_delay_microseconds: 20000 }")
+    window_ns = 100_000_000  # wide: a busy machine may stall the loop tens of ms
+    identity(repo, "batched", extra="dynamic_batching { max_queue_delay_microseconds: 100000 }")
     out = tmp_path / "trace.json"
     srv = start_server(repo, *trace_flags(out, "--trace-config=rate=1"))
     c = http_client(srv)
@@ -546,6 +552,7 @@ def _attrs(span: Any) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.grpc
 def test_opentelemetry_spans_reach_a_loopback_receiver(
     tmp_path: Path, start_server, receiver: _Receiver
 ):
@@ -609,11 +616,22 @@ def test_opentelemetry_spans_reach_a_loopback_receiver(
     stop_ok(srv)
 
 
-PERF_ANALYZER = Path("/tmp/peers/bin/perf_analyzer")
+def _perf_analyzer() -> str:
+    """NVIDIA's perf_analyzer as the project installs it (scripts/install-perf-analyzer, run by
+    `make test`: .venv/bin/perf_analyzer), else one on PATH."""
+    found = ROOT / ".venv" / "bin" / "perf_analyzer"
+    if found.exists():
+        return str(found)
+    on_path = shutil.which("perf_analyzer")
+    if on_path is None:
+        pytest.skip(
+            "perf_analyzer is not installed: scripts/install-perf-analyzer (run by `make test`) "
+            "could not install it on this machine; its output says why"
+        )
+    return on_path
 
 
-@pytest.mark.skipif(not PERF_ANALYZER.exists(), reason="the real perf_analyzer is not installed")
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_perf_analyzer_trace_flags(tmp_path: Path, start_server, protocol):
     """perf_analyzer's --trace-level/--trace-rate/--trace-count set the server's trace
     settings through the extension (checked on Triton 2.51: the same files result)."""
@@ -621,13 +639,14 @@ def test_perf_analyzer_trace_flags(tmp_path: Path, start_server, protocol):
     out = tmp_path / "trace.json"
     srv = start_server(repo, f"--trace-config=triton,file={out}")
     port = srv.grpc_port if protocol == "grpc" else srv.http_port
-    cmd = [str(PERF_ANALYZER), "-m", "add_sub", "-i", protocol, "-u", f"127.0.0.1:{port}"]
-    cmd += ["--concurrency-range", "1", "-p", "300", "-s", "90", "-r", "3"]
+    cmd = [_perf_analyzer(), "-m", "add_sub", "-i", protocol, "-u", f"127.0.0.1:{port}"]
+    # any spread between windows counts as stable (-s 999): the exit status is 0 unless
+    # something failed, however busy the machine
+    cmd += ["--concurrency-range", "1", "-p", "300", "-s", "999", "-r", "3"]
     cmd += ["--input-data", "zero", "--trace-level", "TIMESTAMPS", "--trace-rate", "1"]
     cmd += ["--trace-count", "5"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    # 0, or 2 when this shared machine kept its windows from agreeing; never a client error
-    assert r.returncode in (0, 2) and "error:" not in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 0 and "error:" not in r.stderr, r.stdout + r.stderr
     settings = json.loads(request(srv, "GET", "/v2/trace/setting")[1])
     assert settings["trace_level"] == ["TIMESTAMPS"] and settings["trace_count"] == "0"
     first = Path(f"{out}.0")

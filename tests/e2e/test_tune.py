@@ -14,8 +14,12 @@ whatever the machine's load (noise only ever adds latency and removes throughput
   throughput and twice that p99 they stay the best point within budget, 2x above anything at
   concurrency 4 (at most 4/T = 80 infer/s) and anything with one instance.
 
-So the pick is certain to be 4 instances at concurrency 32. Which delay wins there is not
-decided by the model: the delay keeps batches whole (measured ~600 vs ~480 infer/s for delay 0,
+So whenever a 4-instance point at concurrency 32 fits the budget (by Little's law it then
+serves at least 32 / 150 ms = 213 infer/s, above anything at concurrency 4), the pick is one of
+them; a machine busy enough to push their p99 over the budget leaves the pick elsewhere, so the
+test checks the pick is the one the reported figures imply (the highest throughput within the
+budget) and the 4-instance rule when it applies. Which delay wins there is not decided by the
+model: the delay keeps batches whole (measured ~600 vs ~480 infer/s for delay 0,
 whose batches fragment as clients come back one by one) but that margin is well under 2x, so
 the test does not bet on it; it checks that the delay was applied (full batches of 8 at
 concurrency 32, whole batches of 4 waiting 200 ms at concurrency 4) from the server's own
@@ -36,7 +40,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tests.conftest import free_port
+from tests.conftest import refused_address
 from tests.e2e.helpers import request
 from tests.zoo import sleep_model
 
@@ -46,7 +50,9 @@ T_MS = 50
 B = 8
 BUDGET_MS = 150
 DELAY_US = 200_000
-FAST = ["-p", "600", "-s", "40", "-r", "6", "--input-data", "zero", "--quiet"]
+# any spread between windows counts as stable (a 1000x band): a stalled window on a busy
+# machine must not drop a level; the figures are judged, not how steady the machine was
+FAST = ["-p", "500", "-s", "100000", "-r", "6", "--input-data", "zero", "--quiet"]
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +132,14 @@ def test_tune_picks_four_instances_at_high_concurrency_and_restores(srv, tmp_pat
 
     best = doc["best"]
     assert best is not None, r.stderr
-    assert (best["instance_count"], best["concurrency"]) == ("4", 32), best
     assert best["p99_ms"] <= BUDGET_MS and best["fits"]
+    # the pick is the highest throughput within the budget (the earlier point on a tie)
+    fitting = [lv for c in combos for lv in c["levels"] if lv["fits"]]
+    assert all(lv["p99_ms"] <= BUDGET_MS for lv in fitting), fitting
+    top = max(lv["throughput"] for lv in fitting)
+    assert best["throughput"] == top, (best, fitting)
+    if any(level[("4", d, 32)]["fits"] for d in ("0", str(DELAY_US))):
+        assert (best["instance_count"], best["concurrency"]) == ("4", 32), best
 
     for delay in ("0", str(DELAY_US)):
         one = level[("1", delay, 32)]
@@ -229,13 +241,13 @@ def test_errors_and_exit_codes(srv) -> None:  # type: ignore[no-untyped-def]
     r = tune(srv, "-m", "cost", "--latency-budget-ms", "10", "--concurrency-range", "4:1")
     assert r.returncode == 2
     assert tune(srv, "-m", "cost", "--instance-count", "0", *base).returncode == 2
-    url = f"127.0.0.1:{free_port()}"
-    r = subprocess.run(
-        [sys.executable, "-m", "sluice", "tune", "-m", "cost", "-u", url, *base],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with refused_address() as url:
+        r = subprocess.run(
+            [sys.executable, "-m", "sluice", "tune", "-m", "cost", "-u", url, *base],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 3 and r.stderr.startswith(f"error: cannot connect to {url}")
     # nothing above changed the model
     assert knobs(server_config(srv, "cost")) == ([1], 0)

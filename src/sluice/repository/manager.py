@@ -70,6 +70,9 @@ def load_failure(name: str, exc: ServerError, what: str = "") -> ServerError:
 
 log = logging.getLogger("sluice.manager")
 
+# the reason a READY version shows in the index after a reload of its model failed
+RELOAD_FAILED = "serving the last good load; a reload failed"
+
 
 def _file_bytes(name: str, key: str, value: Any) -> bytes:
     if isinstance(value, bytes):
@@ -313,6 +316,11 @@ class ModelManager:
             assert model_dir is not None
             await self._load_locked(rec, model_dir, config_json, why)
         except ServerError as exc:
+            for v in rec.serving:
+                # what was loaded before keeps serving: its entry says why the files now on
+                # disk do not (a poll retries only once they change again)
+                if rec.states.get(v, (READY, ""))[0] == READY:
+                    rec.states[v] = (READY, f"{RELOAD_FAILED}: {exc}")
             if not rec.serving and not any(
                 state == UNAVAILABLE and reason == str(exc) for state, reason in rec.states.values()
             ):

@@ -7,7 +7,10 @@ Rules of this file:
 - Process death is seen through the process sentinel (and pipe EOF). Every in-flight future
   then fails with an INTERNAL ``ServerError`` naming the model, the instance and the exit
   code or signal, and a fresh worker is started (``initialize`` runs again) so later calls
-  succeed. A call that arrives while the restart runs waits for it.
+  succeed. A call that arrives while the restart runs waits for it. A replacement killed by
+  a signal while it starts (an instance that served before) is started again, up to
+  ``RESTART_TRIES`` times in a row, and the calls waiting for it wait for the next one; an
+  ``initialize`` that fails or exits on its own is not retried.
 - A call given a timeout (the model's ``execute_timeout_ms``) that is not answered in time
   kills its worker with SIGKILL: the calls in flight on it fail with one UNAVAILABLE error
   naming the model and the limit, and the worker is restarted as after any death.
@@ -46,6 +49,7 @@ from .worker import worker_main
 __all__ = ["WorkerClient", "run_auto_complete", "describe_exit"]
 
 _CTX = mp.get_context("spawn")
+RESTART_TRIES = 3
 log = logging.getLogger("sluice.workers")
 
 
@@ -97,6 +101,8 @@ class WorkerClient:
         self.stop_timeout = stop_timeout
         self.restart = restart
         self.restarts = 0
+        self._served = False  # a worker of this instance became ready once
+        self._start_failures = 0  # replacements killed while starting, in a row
         self._child: _Child | None = None
         self._stopping = False
         self._start_task: asyncio.Future[None] | None = None
@@ -239,7 +245,12 @@ class WorkerClient:
             task = self._start_task
             if task is None or (task.done() and child is None):
                 task = self._start_task = asyncio.ensure_future(self._spawn())
-            await asyncio.shield(task)
+            try:
+                await asyncio.shield(task)
+            except ServerError:
+                if self._start_task is not task and not self._stopping:
+                    continue  # that replacement died while starting; the next one is on
+                raise
             return
 
     async def _spawn(self) -> None:
@@ -284,6 +295,8 @@ class WorkerClient:
             )
         assert isinstance(reply, Ready)
         child.ready = True
+        self._served = True
+        self._start_failures = 0
 
     def _on_readable(self, child: _Child) -> None:
         try:
@@ -350,7 +363,17 @@ class WorkerClient:
             )
         )
         unlink_prefix(self.setup.shm_prefix + "o")
-        if was_ready and self.restart and not self._stopping:
+        # a replacement killed while it started (not an initialize that failed or exited)
+        killed_starting = (
+            not was_ready
+            and self._served
+            and exitcode is not None
+            and exitcode < 0
+            and self._start_failures < RESTART_TRIES
+        )
+        if killed_starting:
+            self._start_failures += 1
+        if (was_ready or killed_starting) and self.restart and not self._stopping:
             self.restarts += 1
             task = self._start_task = asyncio.ensure_future(self._spawn())
             # A failed restart reaches the next caller through _ensure_started.

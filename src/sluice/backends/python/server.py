@@ -115,8 +115,10 @@ def _setup(spec: ModelSpec, name: str, kind: str, device: int, mode: str) -> Wor
         instance_name=name,
         instance_kind=kind,
         device_id=device,
-        # short: macOS caps names at 31 chars; unique per server process and instance
-        shm_prefix=f"sl{os.getpid()}_{next(_instance_serial)}",
+        # short: macOS caps names at 31 chars; unique per server process and instance, and
+        # no prefix of another instance's (the closing '_'): unlink_prefix of instance 1
+        # must not remove the segments of instances 10-19 while they serve
+        shm_prefix=f"sl{os.getpid()}_{next(_instance_serial)}_",
         env=_worker_env(spec.config),
         mode=mode,
     )
