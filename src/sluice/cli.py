@@ -54,7 +54,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="model repository path (repeatable)",
     )
-    p.add_argument("--model-control-mode", choices=ControlMode.ALL, default=ControlMode.NONE)
+    p.add_argument(
+        "--model-control-mode",
+        choices=ControlMode.ALL,
+        default=ControlMode.NONE,
+        help="none: load every model at start, control API refused; explicit: load "
+        "--load-model, then the API; poll: rescan every --repository-poll-secs",
+    )
     p.add_argument(
         "--load-model",
         action="append",
@@ -69,12 +75,20 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="explicit mode: record the loaded models, versions, overrides and traffic splits "
         "in this file on every change, and restore them at start",
     )
-    p.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--http-port", type=_port, default=8000)
-    p.add_argument("--grpc-port", type=_port, default=8001)
-    p.add_argument("--metrics-port", type=_port, default=8002)
+    p.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="ready only when every model asked for is READY (false: ready once serving)",
+    )
+    p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL", help="serve HTTP")
+    p.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL", help="serve gRPC")
+    p.add_argument("--http-port", type=_port, default=8000, help="HTTP port (0: any free port)")
+    p.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (0: any free port)")
+    p.add_argument(
+        "--metrics-port", type=_port, default=8002, help="metrics port (0: any free port)"
+    )
     p.add_argument(
         "--port-file",
         default="",
@@ -82,7 +96,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="once the front-ends listen, write the ports they bound here as JSON "
         '({"http": N, "grpc": N, "metrics": N}; null where disabled): with port 0 = any free port',
     )
-    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-address", default="0.0.0.0", help="address HTTP listens on")
     p.add_argument(
         "--http-max-input-size",
         type=_nonneg_int,
@@ -100,12 +114,20 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "0 = no limit); "
         "a larger head is answered 431",
     )
-    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-address", default="0.0.0.0", help="address gRPC listens on")
     p.add_argument(
         "--metrics-address", default=None, help="defaults to --http-address, as in Triton"
     )
-    p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL")
+    p.add_argument(
+        "--allow-metrics", type=_bool, default=True, metavar="BOOL", help="serve /metrics"
+    )
+    p.add_argument(
+        "--allow-cpu-metrics",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="export the CPU utilisation and memory gauges",
+    )
     p.add_argument(
         "--allow-gpu-metrics",
         type=_bool,
@@ -113,9 +135,21 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="BOOL",
         help="accepted for compatibility; sluice exports no GPU metrics",
     )
-    p.add_argument("--metrics-interval-ms", type=int, default=2000)
-    p.add_argument("--repository-poll-secs", type=float, default=15.0)
-    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument(
+        "--metrics-interval-ms",
+        type=int,
+        default=2000,
+        help="accepted; gauges are computed at scrape time",
+    )
+    p.add_argument(
+        "--repository-poll-secs", type=float, default=15.0, help="poll mode: rescan interval"
+    )
+    p.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        help="at shutdown, how long in-flight requests may take before they are failed",
+    )
     p.add_argument(
         "--traffic-follows-readiness",
         type=_bool,
@@ -132,7 +166,11 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="the name reported by GET /v2 and gRPC ServerMetadata (default 'triton', which "
         "Triton's clients check for; the reported version is always sluice's own)",
     )
-    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="configs must be complete: nothing is filled in from the model file",
+    )
     p.add_argument(
         "--strict-model-config",
         type=_bool,
@@ -141,7 +179,12 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="deprecated: true means --disable-auto-complete-config",
     )
     p.add_argument(
-        "--backend-config", action="append", default=[], metavar="<backend>,<setting>=<value>"
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="<backend>,<setting>=<value>",
+        help="backend settings (repeatable); default-max-batch-size=N is the max_batch_size "
+        "auto-complete gives a batchable ONNX model",
     )
     p.add_argument(
         "--exit-on-error",
@@ -182,11 +225,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     _add_grpc_flags(p)
     _add_security_flags(p)
-    p.add_argument("--log-verbose", type=int, default=0)
-    p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--log-error", type=_bool, default=True, metavar="BOOL")
-    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    p.add_argument("--log-verbose", type=int, default=0, help="debug logging when > 0")
+    p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL", help="log info lines")
+    p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL", help="log warnings")
+    p.add_argument("--log-error", type=_bool, default=True, metavar="BOOL", help="log errors")
+    p.add_argument(
+        "--log-format",
+        choices=("default", "ISO8601"),
+        default="default",
+        help="the timestamp format of log lines",
+    )
     p.add_argument("--log-file", default="", help="append the log to this file (default stderr)")
     # Accepted so that tritonserver command lines run unchanged; no effect on CPU.
     for flag in (
@@ -234,7 +282,9 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
     """TLS (tritonserver's --grpc-* spellings, and the same shape for HTTP), Triton's
     restricted APIs, sluice's API keys and audit log (access.py, keys.py, audit.py)."""
     for proto in ("grpc", "http"):
-        p.add_argument(f"--{proto}-use-ssl", type=_bool, default=False, metavar="BOOL")
+        p.add_argument(
+            f"--{proto}-use-ssl", type=_bool, default=False, metavar="BOOL", help=f"TLS on {proto}"
+        )
         p.add_argument(
             f"--{proto}-use-ssl-mutual",
             type=_bool,
@@ -243,9 +293,13 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
             help=f"TLS with client certificates (signed by --{proto}-root-cert); implies "
             f"--{proto}-use-ssl",
         )
-        p.add_argument(f"--{proto}-server-cert", default="", metavar="PEM")
-        p.add_argument(f"--{proto}-server-key", default="", metavar="PEM")
-        p.add_argument(f"--{proto}-root-cert", default="", metavar="PEM")
+        p.add_argument(
+            f"--{proto}-server-cert", default="", metavar="PEM", help="the server certificate"
+        )
+        p.add_argument(f"--{proto}-server-key", default="", metavar="PEM", help="its private key")
+        p.add_argument(
+            f"--{proto}-root-cert", default="", metavar="PEM", help="CA of client certificates"
+        )
     p.add_argument(
         "--http-restricted-api",
         action="append",
@@ -315,12 +369,13 @@ def _add_grpc_flags(p: argparse.ArgumentParser) -> None:
         help="gRPC edge: native (gRPC C++ extension), aio (grpc.aio), auto (native when built); "
         "default from $SLUICE_GRPC_EDGE, else auto",
     )
-    for flag, (_, kind) in GRPC_CHANNEL_FLAGS.items():
+    for flag, (arg, kind) in GRPC_CHANNEL_FLAGS.items():
         p.add_argument(
             flag,
             type=_bool if kind == "bool" else _nonneg_int,
             default=None,
             metavar="BOOL" if kind == "bool" else "N",
+            help=f"sets the gRPC channel argument {arg}, as Triton does",
         )
     p.add_argument(
         "--grpc-infer-allocation-pool-size",
