@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -112,3 +114,21 @@ def grpc_fp32_inputs(value: float, name: str = "INPUT0") -> list[grpcclient.Infe
 def grpc_status(exc: InferenceServerException) -> str:
     """'StatusCode.NOT_FOUND' as tritonclient.grpc reports it."""
     return str(exc.status())
+
+
+def perf_analyzer() -> str:
+    """NVIDIA's perf_analyzer as the project installs it (scripts/install-perf-analyzer, run by
+    `make test`: .venv/bin/perf_analyzer), else one on PATH; the test skips, saying why, where
+    neither is there."""
+    from tests.conftest import ROOT
+
+    found = ROOT / ".venv" / "bin" / "perf_analyzer"
+    if found.exists():
+        return str(found)
+    on_path = shutil.which("perf_analyzer")
+    if on_path is None:
+        pytest.skip(
+            "perf_analyzer is not installed: scripts/install-perf-analyzer (run by `make test`) "
+            "could not install it on this machine; its output says why"
+        )
+    return on_path

@@ -38,7 +38,6 @@ import sluice
 from tests.zoo import write_model
 from tests.zoo_examples import ADD_SUB_PY, EXAMPLE_MODELS, add_sub_config, write_example_models
 
-
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.ones((1, 16), dtype=np.int32)
 

@@ -27,7 +27,6 @@ from tests.e2e.helpers import error_text, post
 from tests.zoo import broken_config
 from tests.zoo_examples import write_example_models
 
-
 BAD_JSON = '"parameters": {"config": {{"max_batch_size": "16"}}}'  # not JSON at all
 VERSION_PHRASE = "failed to get model version from specified version string 'abc'"
 

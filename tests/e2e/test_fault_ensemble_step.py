@@ -19,7 +19,6 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.helpers import grpc_client, pending, post, wait_until
 from tests.zoo import fail_model, gated_model
 
-
 # step 0: the gated echo (holds every request until the test opens its gate, so that all of
 # them are provably in flight together); step 1: the faulty model
 ENSEMBLE = """

@@ -23,7 +23,6 @@ from tests.e2e.helpers import pending, wait_until
 from tests.zoo import copy_example, gated_model
 from tests.zoo_examples import write_example_models
 
-
 PROTOCOLS = ["http", pytest.param("grpc", marks=pytest.mark.grpc)]
 SENTINEL = 0xAB
 

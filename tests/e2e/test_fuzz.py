@@ -44,7 +44,6 @@ from tests.fuzz_requests import (
     http_cases,
 )
 
-
 COUNT = int(os.environ.get("FUZZ_COUNT", "10000"))
 BATCH = 50  # requests per Hypothesis example: DRAWN structured cases, the rest their variants
 DRAWN = 5

@@ -14,7 +14,6 @@ import sluice
 from tests.e2e.helpers import error_text, grpc_client, grpc_status, index_entries, post, wait_until
 from tests.zoo import copy_example, identity, init_fail_model, write_model
 
-
 # An FP32 [1] identity whose initialize() waits until the file named by "gate" exists: the
 # model stays LOADING exactly as long as the test wants, no clock involved.
 GATED_INIT_PY = """

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.e2e.helpers import perf_analyzer
 from tests.zoo import copy_example
 
 # the seed: perf_analyzer -m resnet50 -i grpc -u localhost:8001 --concurrency-range 1:32
@@ -26,19 +25,6 @@ SEED = (
     "perf_analyzer -m add_sub -i grpc -u localhost:8001 --concurrency-range 1:4 --input-data zero"
 )
 BOUNDS = ["--measurement-interval", "300", "--max-trials", "5", "--stability-percentage", "99999"]
-
-
-def _perf_analyzer() -> str:
-    found = ROOT / ".venv" / "bin" / "perf_analyzer"
-    if found.exists():
-        return str(found)
-    on_path = shutil.which("perf_analyzer")
-    if on_path is None:
-        pytest.skip(
-            "perf_analyzer is not installed: scripts/install-perf-analyzer (run by `make test`) "
-            "could not install it on this machine; its output says why"
-        )
-    return on_path
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +51,7 @@ def _run(srv: Any, seed: str, *extra: str) -> subprocess.CompletedProcess[str]:
     proto = args[args.index("-i") + 1] if "-i" in args else "http"
     args[url] = srv.grpc if proto == "grpc" else srv.http
     return subprocess.run(
-        [_perf_analyzer(), *args[1:], *BOUNDS, *extra],
+        [perf_analyzer(), *args[1:], *BOUNDS, *extra],
         capture_output=True,
         text=True,
         timeout=180,

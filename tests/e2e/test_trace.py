@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from tests.e2e.helpers import (
     grpc_status,
     http_client,
     pending,
+    perf_analyzer,
     post,
     request,
     wait_until,
@@ -616,21 +616,6 @@ def test_opentelemetry_spans_reach_a_loopback_receiver(
     stop_ok(srv)
 
 
-def _perf_analyzer() -> str:
-    """NVIDIA's perf_analyzer as the project installs it (scripts/install-perf-analyzer, run by
-    `make test`: .venv/bin/perf_analyzer), else one on PATH."""
-    found = ROOT / ".venv" / "bin" / "perf_analyzer"
-    if found.exists():
-        return str(found)
-    on_path = shutil.which("perf_analyzer")
-    if on_path is None:
-        pytest.skip(
-            "perf_analyzer is not installed: scripts/install-perf-analyzer (run by `make test`) "
-            "could not install it on this machine; its output says why"
-        )
-    return on_path
-
-
 @pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
 def test_perf_analyzer_trace_flags(tmp_path: Path, start_server, protocol):
     """perf_analyzer's --trace-level/--trace-rate/--trace-count set the server's trace
@@ -639,7 +624,7 @@ def test_perf_analyzer_trace_flags(tmp_path: Path, start_server, protocol):
     out = tmp_path / "trace.json"
     srv = start_server(repo, f"--trace-config=triton,file={out}")
     port = srv.grpc_port if protocol == "grpc" else srv.http_port
-    cmd = [_perf_analyzer(), "-m", "add_sub", "-i", protocol, "-u", f"127.0.0.1:{port}"]
+    cmd = [perf_analyzer(), "-m", "add_sub", "-i", protocol, "-u", f"127.0.0.1:{port}"]
     # any spread between windows counts as stable (-s 999): the exit status is 0 unless
     # something failed, however busy the machine
     cmd += ["--concurrency-range", "1", "-p", "300", "-s", "999", "-r", "3"]
