@@ -12,6 +12,9 @@ Rules of this file:
   final); ``infer`` of a decoupled model is refused with Triton's words, except for callers
   that accept exactly one response (``single=True``: the generate endpoint).
 - Statistics of a decoupled request are recorded when its final response arrives.
+- A request whose caller goes away before its answer (client disconnected, call cancelled,
+  deadline passed) counts once, as a failure with reason CANCELED, whether it was still
+  queued (it leaves the queue: ``scheduler.py``) or executing (its answer is dropped).
 
 Usage::
 
@@ -300,7 +303,9 @@ class Serving:
                 if request.on_cancel is not None:
                     request.on_cancel()
                 if not submit.done():
-                    submit.cancel()  # still queued: it leaves the queue
+                    submit.cancel()  # still queued: it leaves the queue (_submit counts it)
+                else:
+                    sv.stats.record_failure(time.monotonic_ns() - arrival, "CANCELED")
 
     async def _submit(
         self,
@@ -320,6 +325,9 @@ class Serving:
                 time.monotonic_ns() - arrival,
                 "REJECTED" if isinstance(exc, Unavailable) else "BACKEND",
             )
+            raise
+        except asyncio.CancelledError:  # the caller went away: queued or executing
+            sv.stats.record_failure(time.monotonic_ns() - arrival, "CANCELED")
             raise
 
     def _finish(
