@@ -11,6 +11,10 @@ Rules of this file:
 - A request's error (model raised, ``TritonError`` in its response, wrong response count)
   becomes a ``ServerError`` in that request's slot; a worker death raises for the whole batch
   and the worker is restarted.
+- A decoupled request is in flight until its final response, also after ``execute`` has
+  returned (a model may stream from a thread): ``drain()`` waits for every open stream, so an
+  unload or a shutdown waits for them as Triton waits for in-flight requests;
+  ``fail_streams(error)`` ends those still open (shutdown past its timeout).
 
 Usage (the core)::
 
@@ -200,6 +204,7 @@ class PythonInstance:
         # the batch executing now (or last): its BLS calls inherit its chain of callers
         self._batch: list[InferRequest] = []
         self._batch_id = 0
+        self._no_streams: asyncio.Event | None = None  # set when the last stream closes
 
     @property
     def callers(self) -> tuple[str, ...]:
@@ -326,6 +331,21 @@ class PythonInstance:
     def _close_streams(self, exec_id: int, n: int) -> None:
         for i in range(n):
             self._streams.pop((exec_id, i), None)
+        self._streams_closed()
+
+    def _streams_closed(self) -> None:
+        if not self._streams and self._no_streams is not None:
+            self._no_streams.set()
+
+    async def drain(self) -> None:
+        """Wait until no decoupled stream is open here (final response sent, or failed)."""
+        while self._streams:
+            self._no_streams = asyncio.Event()
+            await self._no_streams.wait()
+
+    def fail_streams(self, error: ServerError) -> None:
+        """End every stream still open here with ``error``."""
+        self._on_failure(error)
 
     def _decoupled_result(
         self, exec_id: int, requests: list[InferRequest], reply: Any, prep_ns: int
@@ -337,6 +357,7 @@ class PythonInstance:
                 results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
             else:  # resolves the scheduler's future; the stream goes on in r.responses
                 results.append(InferResponse(self.spec.name, self._model_version, r.id))
+        self._streams_closed()
         return ExecuteResult(
             results,
             compute_input_ns=prep_ns + reply.compute_input_ns,
@@ -352,6 +373,7 @@ class PythonInstance:
                 return
             if msg.final:
                 del self._streams[key]
+                self._streams_closed()
             r.responses.put_nowait(self._stream_response(r, msg))
         else:
             self._calls.start(msg)
@@ -377,6 +399,7 @@ class PythonInstance:
         for r in streams.values():
             if r.responses is not None:
                 r.responses.put_nowait(exc)
+        self._streams_closed()
 
     async def stop(self, grace: float | None = None) -> None:
         await self._calls.cancel_all()
