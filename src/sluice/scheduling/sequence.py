@@ -20,6 +20,13 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
   batch dimension when the model batches).
 - A sequence with no request for ``max_sequence_idle_microseconds`` (default 1 s) is released;
   a later request without START is refused with Triton's text, plus that it was idle.
+- A sequence whose instance loses its worker (it died, or was killed past
+  ``execute_timeout_ms``) is ended, with every other sequence bound to that instance: the
+  state the model held for them is gone. The request executing fails with the worker's
+  error, their queued requests fail with it too, and a later request without START is
+  refused with Triton's text plus why; START begins the sequence again on the new worker.
+  (Triton keeps sending such a sequence to the restarted model, which answers from a
+  fresh state: a wrong answer, not an error.)
 - A request must have batch size 1 (Triton: "inference request to model 'm' must specify
   batch-size 1 due to requirements of sequence batcher").
 - Requests batch together only when their non-batch input shapes (and state shapes) match.
@@ -41,7 +48,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, WorkerLost
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
@@ -92,7 +99,8 @@ class SequenceScheduler(Scheduler):
         self._idle_ns = idle_us * 1000
         self._controls = _controls(sb)
         self._sequences: dict[Any, _Sequence] = {}
-        self._released: OrderedDict[Any, int] = OrderedDict()  # recently idled out
+        # recently idled out or lost: why, for the refusal of a request without START
+        self._released: OrderedDict[Any, str] = OrderedDict()
         self._reaper: asyncio.TimerHandle | None = None
         self._job_seq: dict[int, _Sequence] = {}  # id(job) -> its sequence, while it runs
 
@@ -126,13 +134,7 @@ class SequenceScheduler(Scheduler):
                 seq = self._sequences[corr] = _Sequence(corr, self._least_loaded())
                 self._released.pop(corr, None)
         elif seq is None or seq.ended:
-            idle = self._released.get(corr)
-            why = (
-                f" (the sequence was released after {idle // 1000} us without a request: "
-                "max_sequence_idle_microseconds)"
-                if idle is not None
-                else ""
-            )
+            why = self._released.get(corr, "")
             raise InvalidArgument(
                 f"inference request for sequence {corr} to model '{self.model}' must specify "
                 f"the START flag on the first request of the sequence{why}"
@@ -235,16 +237,46 @@ class SequenceScheduler(Scheduler):
         # before the base class dispatches again: the sequences may send their next request
         now = time.monotonic_ns()
         states = self._states
+        lost: tuple[ModelInstance, WorkerLost] | None = None
         for job, res in zip(jobs, results, strict=True):
             s = self._job_seq.pop(id(job), None)
             if s is None:
                 continue
             if states is not None and isinstance(res, InferResponse):
                 s.state = states.take(s.state, res)
+            elif isinstance(res, WorkerLost):
+                lost = (s.instance, res)
             s.running = False
             s.last_ns = now
             if s.ended and not s.pending and self._sequences.get(s.corr) is s:
                 del self._sequences[s.corr]
+        if lost is not None:
+            self._lose(*lost)
+
+    def _lose(self, instance: ModelInstance, error: WorkerLost) -> None:
+        """``instance``'s worker is gone, and the state it held: end its sequences."""
+        why = (
+            " (the sequence was ended when its instance's worker process was lost: "
+            f"{error.message})"
+        )
+        for corr, s in list(self._sequences.items()):
+            if s.instance is not instance or s.running:
+                continue
+            del self._sequences[corr]
+            while s.pending:
+                job = s.pending.popleft()
+                self._queued -= 1
+                self.stats.pending -= 1
+                if not job.future.done():
+                    job.future.set_exception(error)
+            if not s.ended:
+                self._remember(corr, why)
+        self._maybe_idle()
+
+    def _remember(self, corr: Any, why: str) -> None:
+        self._released[corr] = why
+        while len(self._released) > 4096:
+            self._released.popitem(last=False)
 
     def fail_queued(self, error: Any) -> None:
         for s in self._sequences.values():
@@ -268,9 +300,11 @@ class SequenceScheduler(Scheduler):
             if not s.running and not s.pending and now - s.last_ns >= self._idle_ns:
                 del self._sequences[corr]
                 if not s.ended:
-                    self._released[corr] = now - s.last_ns
-                    while len(self._released) > 4096:
-                        self._released.popitem(last=False)
+                    self._remember(
+                        corr,
+                        f" (the sequence was released after {(now - s.last_ns) // 1000} us "
+                        "without a request: max_sequence_idle_microseconds)",
+                    )
         if self._sequences:
             self._arm_reaper()
 
