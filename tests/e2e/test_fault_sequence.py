@@ -2,7 +2,8 @@
 
 The ``acc`` python model keeps a running sum per correlation id in its worker's memory (two
 instances; a sequence is bound to one from START to END). INPUT 100 makes it write its pid
-to ``hang-<corr>`` and hang, so the test can kill that worker while the request executes.
+to ``hang-<corr>`` and hang, so the test can kill that worker while the request executes;
+INPUT 200 writes ``held-<corr>`` and waits for the file ``go-<corr>``.
 
 Decided (Triton's python backend restarts the stub and keeps sending the sequence to it, which
 then answers from an empty state: wrong sums, no error): the sequence is ended with its
@@ -10,6 +11,11 @@ instance's worker. The request executing fails with the worker's error (500 / IN
 the request queued behind it fails with it too, a later request without START is refused
 (400 / INVALID_ARGUMENT) with Triton's "must specify the START flag" text plus the reason,
 and START begins it again on the new worker. A sequence on the other instance keeps its sum.
+The same when the worker dies while the sequence waits for its next request.
+
+An unload waits for a sequence's request executing (Triton waits for in-flight requests),
+not for a sequence idle between requests; the model's sequences end with it: after a load,
+a request without START is refused.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests import zoo
-from tests.e2e.helpers import grpc_client, pending, post, wait_until
+from tests.e2e.helpers import grpc_client, index_entries, pending, post, wait_until
 
 ACC_PY = """
 import json
@@ -55,6 +62,10 @@ class TritonPythonModel:
                 os.replace(path + ".tmp", path)
                 while True:
                     time.sleep(3600)
+            if x == 200:  # held until the test lets it go
+                open(os.path.join(self.dir, f"held-{corr}"), "w").close()
+                while not os.path.exists(os.path.join(self.dir, f"go-{corr}")):
+                    time.sleep(0.005)
             if start:
                 self.acc[corr] = 0
             self.acc[corr] = self.acc.get(corr, 0) + x
@@ -176,3 +187,60 @@ def test_a_sequence_whose_worker_dies_is_ended_and_others_keep_their_state(serve
     # are counted as failures, as sluice counts them for any sequence (it refuses them after
     # validation, when the request reaches the scheduler)
     assert _fail_count(server) == fails0 + 4
+
+
+def test_a_worker_dying_between_requests_ends_its_sequences(server: Any) -> None:
+    code, (_, a_pid) = _http(server, 11, 1, start=True)
+    assert code == 200
+    code, (_, b_pid) = _http(server, 12, 10, start=True)
+    assert code == 200 and a_pid != b_pid
+    os.kill(a_pid, signal.SIGKILL)
+    wait_until(
+        lambda: not psutil.pid_exists(a_pid) or psutil.Process(a_pid).status() == "zombie",
+        what="the killed worker to be reaped",
+    )
+    wait_until(
+        lambda: len([p for p in server.snapshot_children() if p.pid != a_pid]) >= 2,
+        what="the replacement worker",
+    )
+    code, text = _http(server, 11, 2)
+    assert code == 400, text
+    assert "must specify the START flag" in text and "replaced its worker process" in text, text
+    assert _http(server, 12, 5) == (200, (15, b_pid))
+    code, (again, _) = _http(server, 11, 3, start=True)
+    assert (code, again) == (200, 3)
+
+
+def test_unload_waits_for_a_sequence_request_and_ends_the_sequences(server: Any) -> None:
+    marks = server.marks
+    assert _http(server, 21, 1, start=True)[0] == 200
+    assert _http(server, 22, 5, start=True)[0] == 200  # idle between requests
+    held, held_got = _background(server, 21, 200)
+    wait_until((marks / "held-21").exists, what="sequence 21's request to execute")
+    answer: list[Any] = []
+    unloading = threading.Thread(
+        target=lambda: answer.append(post(server, f"/v2/repository/models/{MODEL}/unload")),
+        daemon=True,
+    )
+    unloading.start()
+    try:
+        wait_until(
+            lambda: [e.get("state") for e in index_entries(server, MODEL)] == ["UNLOADING"],
+            what="the unload to begin",
+        )
+        assert answer == []  # it waits for the request executing
+        (marks / "go-21").touch()
+        held.join(60)
+        unloading.join(60)
+        assert held_got and held_got[0][0] == 200 and held_got[0][1][0] == 201, held_got
+        assert answer and answer[0][0] == 200, answer
+        code, text = _http(server, 22, 1)
+        assert code == 404 and f"Request for unknown model: '{MODEL}'" in text, (code, text)
+    finally:
+        (marks / "go-21").touch()
+        code, raw = post(server, f"/v2/repository/models/{MODEL}/load")
+        assert code == 200, raw
+    for corr in (21, 22):
+        code, text = _http(server, corr, 1)
+        assert code == 400 and "must specify the START flag" in text, text
+    assert _http(server, 22, 4, start=True)[1][0] == 4

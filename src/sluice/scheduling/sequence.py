@@ -72,6 +72,7 @@ class _Sequence:
     ended: bool = False
     last_ns: int = 0
     state: dict[str, np.ndarray] | None = None  # implicit state held between requests
+    generation: int = 0  # its instance's worker generation when it started (_generation)
 
 
 def _flag(value: Any) -> bool:
@@ -131,14 +132,23 @@ class SequenceScheduler(Scheduler):
         now = time.monotonic_ns()
         if start:
             if seq is None or seq.ended:
-                seq = self._sequences[corr] = _Sequence(corr, self._least_loaded())
+                inst = self._least_loaded()
+                seq = self._sequences[corr] = _Sequence(corr, inst, generation=_generation(inst))
                 self._released.pop(corr, None)
-        elif seq is None or seq.ended:
+        elif seq is not None and not seq.ended and seq.generation != _generation(seq.instance):
+            # its worker was replaced while the sequence waited for this request
+            self._lose(
+                seq.instance,
+                WorkerLost(f"instance '{seq.instance.name}' replaced its worker process"),
+                seq.generation,
+            )
+        if not start and (seq is None or seq.ended or self._sequences.get(corr) is not seq):
             why = self._released.get(corr, "")
             raise InvalidArgument(
                 f"inference request for sequence {corr} to model '{self.model}' must specify "
                 f"the START flag on the first request of the sequence{why}"
             )
+        assert seq is not None
         if end:
             seq.ended = True
         seq.last_ns = now
@@ -211,6 +221,8 @@ class SequenceScheduler(Scheduler):
             for s in chosen:
                 s.running = True
                 job = s.pending.popleft()
+                if _flag(job.request.parameters.get("sequence_start")):
+                    s.generation = _generation(inst)  # it starts on the worker running now
                 self._job_seq[id(job)] = s
                 jobs.append(job)
                 if states is not None:
@@ -237,7 +249,7 @@ class SequenceScheduler(Scheduler):
         # before the base class dispatches again: the sequences may send their next request
         now = time.monotonic_ns()
         states = self._states
-        lost: tuple[ModelInstance, WorkerLost] | None = None
+        lost: tuple[ModelInstance, WorkerLost, int] | None = None
         for job, res in zip(jobs, results, strict=True):
             s = self._job_seq.pop(id(job), None)
             if s is None:
@@ -245,7 +257,7 @@ class SequenceScheduler(Scheduler):
             if states is not None and isinstance(res, InferResponse):
                 s.state = states.take(s.state, res)
             elif isinstance(res, WorkerLost):
-                lost = (s.instance, res)
+                lost = (s.instance, res, s.generation)
             s.running = False
             s.last_ns = now
             if s.ended and not s.pending and self._sequences.get(s.corr) is s:
@@ -253,14 +265,17 @@ class SequenceScheduler(Scheduler):
         if lost is not None:
             self._lose(*lost)
 
-    def _lose(self, instance: ModelInstance, error: WorkerLost) -> None:
-        """``instance``'s worker is gone, and the state it held: end its sequences."""
+    def _lose(self, instance: ModelInstance, error: WorkerLost, generation: int) -> None:
+        """``instance``'s worker (of ``generation``) is gone, and the state it held: end the
+        sequences that started on it (not those whose next request is a START)."""
         why = (
             " (the sequence was ended when its instance's worker process was lost: "
             f"{error.message})"
         )
         for corr, s in list(self._sequences.items()):
-            if s.instance is not instance or s.running:
+            if s.instance is not instance or s.running or s.generation > generation:
+                continue
+            if s.pending and _flag(s.pending[0].request.parameters.get("sequence_start")):
                 continue
             del self._sequences[corr]
             while s.pending:
@@ -313,6 +328,12 @@ class SequenceScheduler(Scheduler):
             self._reaper.cancel()
             self._reaper = None
         await super().stop(grace)
+
+
+def _generation(instance: ModelInstance) -> int:
+    """How many times ``instance`` replaced the process holding its model (python models;
+    0 for the others: their state never leaves the server)."""
+    return int(getattr(instance, "generation", 0))
 
 
 def _controls(sb: mc.ModelSequenceBatching) -> list[tuple[str, int, list[Any], Any, str]]:

@@ -234,6 +234,12 @@ class PythonInstance:
         """The worker's process id (None when not running)."""
         return self.worker.pid
 
+    @property
+    def generation(self) -> int:
+        """How many times the worker was replaced: what the model held in memory (a
+        sequence's state) is gone each time."""
+        return self.worker.restarts
+
     async def start(self) -> None:
         path = _model_file(self.spec)
         if not path.is_file():
