@@ -4,10 +4,15 @@ Two ways to stream from a decoupled python model: gRPC ``ModelStreamInfer`` (tri
 ``start_stream``) and HTTP server-sent events (``POST /v2/models/<m>/generate_stream``).
 
 The ``stream`` model answers IN=n with OUT=0, writes its worker's pid to ``sent-<tag>``,
-waits until the file ``go-<tag>`` exists, then sends OUT=1..n-1 and the final flag; with the
-request parameter ``thread`` it streams from a thread after ``execute`` has returned.
+waits until the file ``go-<tag>`` (or ``go-all``) exists, then writes ``cancelled-<tag>`` and sends only the
+final flag if its request was cancelled (``sender.is_cancelled()``), else writes
+``finished-<tag>`` and sends OUT=1..n-1 and the final flag; with the request parameter
+``thread`` it streams from a thread after ``execute`` has returned.
 
 What must hold:
+- a client that leaves mid-stream (gRPC: ``stop_stream(cancel_requests=True)``; SSE: the
+  connection closed) cancels its request: the model sees ``is_cancelled()``, the request
+  counts once as a failure with reason CANCELED;
 - a worker that dies mid-stream ends the stream with an error naming the model and the
   death (gRPC: an error on the stream; SSE: a last ``{"error": ...}`` event, then the
   response ends), never a hang; the worker is replaced and the next stream is whole;
@@ -26,6 +31,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,8 +77,13 @@ class TritonPythonModel:
         with open(path + ".tmp", "w") as f:
             f.write(str(os.getpid()))
         os.replace(path + ".tmp", path)
-        while not os.path.exists(os.path.join(self.dir, "go-" + tag)):
+        while not any(os.path.exists(os.path.join(self.dir, g)) for g in ("go-" + tag, "go-all")):
             time.sleep(0.005)
+        seen = "cancelled" if sender.is_cancelled() else "finished"
+        open(os.path.join(self.dir, seen + "-" + tag), "w").close()
+        if seen == "cancelled":
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
         for i in range(1, n):
             sender.send(out(i))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -112,7 +123,7 @@ def server(module_server: Any, module_repo: Path, gates: Path) -> Iterator[Any]:
     _stream_model(module_repo, gates)
     srv = module_server(module_repo, "--model-control-mode=explicit", f"--load-model={MODEL}")
     yield srv
-    _release_all(gates)
+    (gates / "go-all").touch()  # whatever a failed test left held goes on: the server stops
 
 
 def _release_all(gates: Path) -> None:
@@ -143,6 +154,10 @@ class _GrpcStream:
             parameters={"tag": tag, "thread": thread},
             enable_empty_final_response=True,
         )
+
+    def leave(self) -> None:
+        self._client.stop_stream(cancel_requests=True)
+        self._client.close()
 
     def collect(self) -> list[tuple[Any, ...]]:
         out: list[tuple[Any, ...]] = []
@@ -183,7 +198,7 @@ class _SseStream(threading.Thread):
         try:
             resp = self._conn.getresponse()
             self.status = resp.status
-            for line in resp:
+            for line in _lines(resp):
                 if line.startswith(b"data:"):
                     doc = json.loads(line[5:])
                     if "error" in doc:
@@ -193,6 +208,12 @@ class _SseStream(threading.Thread):
             self.events.append(("end",))  # the server ended the response
         finally:
             self._conn.close()
+
+    def leave(self) -> None:
+        sock = self._conn.sock
+        assert sock is not None
+        sock.shutdown(socket.SHUT_RDWR)  # the reader thread sees the end
+        self.join(60)
 
     def collect(self) -> list[tuple[Any, ...]]:
         self.join(60)
@@ -204,6 +225,18 @@ class _SseStream(threading.Thread):
         elif events and events[-1] == ("end",):
             events = events[:-1]
         return events
+
+
+def _lines(resp: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The response's lines until it ends (or its connection is shut down here)."""
+    while True:
+        try:
+            line = resp.readline()
+        except (OSError, ValueError, http.client.HTTPException):
+            return
+        if not line:
+            return
+        yield line
 
 
 STREAMS = {"grpc": _GrpcStream, "sse": _SseStream}
@@ -229,6 +262,42 @@ def _counts(srv: Any) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------ tests
+
+
+def _canceled(srv: Any) -> int:
+    code, body = srv.get("/metrics", port=srv.metrics_port)
+    assert code == 200
+    prefix = f'nv_inference_request_failure{{model="{MODEL}",'
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in body.decode().splitlines()
+        if line.startswith(prefix) and 'reason="CANCELED"' in line
+    )
+
+
+@pytest.mark.grpc
+@pytest.mark.parametrize("kind", ["grpc", "sse"])
+def test_a_client_leaving_mid_stream_cancels_its_request(
+    server: Any, gates: Path, kind: str
+) -> None:
+    ok0, fail0 = _counts(server)
+    cancelled0 = _canceled(server)
+    tag = f"leave-{kind}"
+    stream = _open(server, gates, kind, tag)
+    stream.leave()
+    wait_until(lambda: _canceled(server) == cancelled0 + 1, what="the request to be cancelled")
+    _go(gates, tag)
+    wait_until(
+        lambda: (gates / f"cancelled-{tag}").exists() or (gates / f"finished-{tag}").exists(),
+        what="the model to look",
+    )
+    assert (gates / f"cancelled-{tag}").exists()
+    # the instance is free for the next stream, and the cancel counted once
+    again = f"after-leave-{kind}"
+    _go(gates, again)
+    assert STREAMS[kind](server, again).collect() == WHOLE
+    assert _counts(server) == (ok0 + 1, fail0 + 1)
+    assert _canceled(server) == cancelled0 + 1
 
 
 @pytest.mark.grpc
@@ -299,30 +368,32 @@ def test_sigterm_with_streams_open(tmp_path: Path, start_server: Any, outlast: b
     gates = tmp_path / "gates"
     gates.mkdir()
     _stream_model(repo, gates)
-    timeout = 1 if outlast else 60
+    timeout = 1 if outlast else 20
     srv = start_server(
         repo,
         "--model-control-mode=explicit",
         f"--load-model={MODEL}",
         f"--exit-timeout-secs={timeout}",
     )
-    streams = {kind: _open(srv, gates, kind, f"term-{kind}", thread=True) for kind in STREAMS}
-    srv.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: srv.get("/v2/health/ready")[0] == 400, what="readiness off")
-    if outlast:
-        got = {kind: s.collect() for kind, s in streams.items()}
-        rc = srv.proc.wait(60)
-        for kind, events in got.items():
-            assert events[0] == ("data", 0), (kind, events)
-            assert events[-1][0] == "error", (kind, events)
-            assert f"--exit-timeout-secs={timeout}" in events[-1][1], (kind, events)
-        assert rc == 1  # work was given up, as for unary requests
-    else:
-        for kind in STREAMS:
-            _go(gates, f"term-{kind}")
-        got = {kind: s.collect() for kind, s in streams.items()}
-        assert got == {kind: WHOLE for kind in STREAMS}
-        assert srv.proc.wait(60) == 0
-    _release_all(gates)
+    try:
+        streams = {kind: _open(srv, gates, kind, f"term-{kind}", thread=True) for kind in STREAMS}
+        srv.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: srv.get("/v2/health/ready")[0] == 400, what="readiness off")
+        if outlast:
+            got = {kind: s.collect() for kind, s in streams.items()}
+            rc = srv.proc.wait(60)
+            for kind, events in got.items():
+                assert events[0] == ("data", 0), (kind, events)
+                assert events[-1][0] == "error", (kind, events)
+                assert f"--exit-timeout-secs={timeout}" in events[-1][1], (kind, events)
+            assert rc == 1  # work was given up, as for unary requests
+        else:
+            for kind in STREAMS:
+                _go(gates, f"term-{kind}")
+            got = {kind: s.collect() for kind, s in streams.items()}
+            assert got == {kind: WHOLE for kind in STREAMS}
+            assert srv.proc.wait(60) == 0
+    finally:
+        (gates / "go-all").touch()
     assert srv.leftover_children() == []
     assert srv.leftover_segments() == []
