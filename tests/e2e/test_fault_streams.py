@@ -19,6 +19,7 @@ What must hold:
 - an unload with a stream open waits for it, as Triton waits for in-flight requests: the
   stream gets every response, then the unload completes (200) and the model is UNAVAILABLE
   "unloaded"; the same whether the model streams from ``execute`` or from a thread after it;
+  a stream whose client has left is not waited for (nobody reads it);
 - SIGTERM with streams open: the server drains them (up to ``--exit-timeout-secs``), the
   clients get their whole streams and the process exits 0, leaving nothing behind; streams
   that outlast the exit timeout end with an error naming the flag.
@@ -358,6 +359,24 @@ def reload(server: Any, gates: Path) -> Iterator[None]:
     _release_all(gates)
     code, raw = post(server, f"/v2/repository/models/{MODEL}/load")
     assert code == 200, raw
+
+
+@pytest.mark.grpc
+@pytest.mark.parametrize("kind", ["grpc", "sse"])
+def test_unload_does_not_wait_for_a_stream_whose_client_left(
+    server: Any, gates: Path, kind: str, reload: None
+) -> None:
+    """The model would stream forever (its gate stays shut): with the client gone, nothing
+    reads it, so the unload completes (the stream's model is stopped)."""
+    cancelled0 = _canceled(server)
+    stream = _open(server, gates, kind, f"forever-{kind}", thread=True)
+    stream.leave()
+    wait_until(lambda: _canceled(server) == cancelled0 + 1, what="the request to be cancelled")
+    code, raw = post(server, f"/v2/repository/models/{MODEL}/unload", timeout=60)
+    assert code == 200, raw
+    assert index_entries(server, MODEL) == [
+        {"name": MODEL, "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    ]
 
 
 @pytest.mark.grpc

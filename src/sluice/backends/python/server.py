@@ -12,8 +12,9 @@ Rules of this file:
   becomes a ``ServerError`` in that request's slot; a worker death raises for the whole batch
   and the worker is restarted.
 - A decoupled request is in flight until its final response, also after ``execute`` has
-  returned (a model may stream from a thread): ``drain()`` waits for every open stream, so an
-  unload or a shutdown waits for them as Triton waits for in-flight requests;
+  returned (a model may stream from a thread): ``drain()`` waits for every open stream whose
+  client is still there, so an unload or a shutdown waits for them as Triton waits for
+  in-flight requests;
   ``fail_streams(error)`` ends those still open (shutdown past its timeout).
 
 Usage (the core)::
@@ -329,7 +330,7 @@ class PythonInstance:
         post = self.worker.post
         for i, r in enumerate(requests):
             self._streams[(exec_id, i)] = r
-            cancel = functools.partial(post, Cancel(exec_id, i))
+            cancel = functools.partial(self._cancel, post, Cancel(exec_id, i))
             r.on_cancel = cancel
             if r.cancelled:  # the client left while queued: tell the worker after Execute
                 asyncio.get_running_loop().call_soon(cancel)
@@ -339,15 +340,24 @@ class PythonInstance:
             self._streams.pop((exec_id, i), None)
         self._streams_closed()
 
+    def _cancel(self, post: Any, msg: Cancel) -> None:
+        post(msg)
+        self._streams_closed()  # a stream nobody reads is not waited for
+
     def _streams_closed(self) -> None:
-        if not self._streams and self._no_streams is not None:
+        if self._no_streams is not None and not self._live_streams():
             self._no_streams.set()
 
+    def _live_streams(self) -> bool:
+        return any(not r.cancelled for r in self._streams.values())
+
     async def drain(self) -> None:
-        """Wait until no decoupled stream is open here (final response sent, or failed)."""
-        while self._streams:
+        """Wait until no decoupled stream is open here (final response sent, or failed),
+        except those whose client has left: a stream nobody reads holds nothing up."""
+        while self._live_streams():
             self._no_streams = asyncio.Event()
             await self._no_streams.wait()
+        self._no_streams = None
 
     def fail_streams(self, error: ServerError) -> None:
         """End every stream still open here with ``error``."""
