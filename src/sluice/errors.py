@@ -23,6 +23,7 @@ __all__ = [
     "Internal",
     "Unsupported",
     "AlreadyExists",
+    "WorkerLost",
     "VERSION_STRING_ERROR",
     "bad_version",
 ]
@@ -80,6 +81,11 @@ class Unsupported(ServerError):
 
 class AlreadyExists(ServerError):
     status = Status.ALREADY_EXISTS
+
+
+class WorkerLost(ServerError):
+    """A model instance's process died or was killed with requests on it: whatever state it
+    held (a sequence's, say) is gone. INTERNAL for a death, UNAVAILABLE for a kill."""
 
 
 def bad_version(name: str, version: object) -> InvalidArgument:

@@ -197,7 +197,10 @@ class Server:
             await self._grpc.stop(grace=timeout)
         drained = await self.service.wait_idle(max(0.0, deadline - time.monotonic()))
         remaining = max(0.0, deadline - time.monotonic())
-        drained = await self.manager.shutdown(remaining if drained else 0.0) and drained
+        drained = (
+            await self.manager.shutdown(remaining if drained else 0.0, exit_timeout=timeout)
+            and drained
+        )
         if not drained:
             log.error(
                 "in-flight requests did not finish within --exit-timeout-secs=%g; they were failed",

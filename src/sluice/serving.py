@@ -12,6 +12,9 @@ Rules of this file:
   final); ``infer`` of a decoupled model is refused with Triton's words, except for callers
   that accept exactly one response (``single=True``: the generate endpoint).
 - Statistics of a decoupled request are recorded when its final response arrives.
+- A request whose caller goes away before its answer (client disconnected, call cancelled,
+  deadline passed) counts once, as a failure with reason CANCELED, whether it was still
+  queued (it leaves the queue: ``scheduler.py``) or executing (its answer is dropped).
 
 Usage::
 
@@ -267,14 +270,17 @@ class Serving:
         request.responses = queue
         done = False
         failed = False
-        # Responses flow while execute() runs; the submission only matters if it fails.
-        submit = asyncio.ensure_future(self._submit(sv, request, batch, key, arrival))
+        # Responses flow while execute() runs; the submission only matters if it fails (and
+        # its failure is counted here, once: a worker's death also ends the stream).
+        submit = asyncio.ensure_future(
+            self._submit(sv, request, batch, key, arrival, count_failure=False)
+        )
         submit.add_done_callback(functools.partial(_fail_into, queue))
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):  # the stream broke (e.g. the worker died)
-                    sv.stats.record_failure(time.monotonic_ns() - arrival, "BACKEND")
+                    sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(item))
                     done = True
                     raise item
                 if item.error is not None:
@@ -300,7 +306,9 @@ class Serving:
                 if request.on_cancel is not None:
                     request.on_cancel()
                 if not submit.done():
-                    submit.cancel()  # still queued: it leaves the queue
+                    submit.cancel()  # still queued: it leaves the queue (_submit counts it)
+                else:
+                    sv.stats.record_failure(time.monotonic_ns() - arrival, "CANCELED")
 
     async def _submit(
         self,
@@ -309,6 +317,7 @@ class Serving:
         batch: int,
         key: tuple[Any, ...],
         arrival: int,
+        count_failure: bool = True,
     ) -> InferResponse:
         params = request.parameters
         priority = _int_param(params, "priority") if params else 0
@@ -316,10 +325,11 @@ class Serving:
         try:
             return await sv.scheduler.submit(request, batch, key, priority, timeout)
         except ServerError as exc:
-            sv.stats.record_failure(
-                time.monotonic_ns() - arrival,
-                "REJECTED" if isinstance(exc, Unavailable) else "BACKEND",
-            )
+            if count_failure:
+                sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(exc))
+            raise
+        except asyncio.CancelledError:  # the caller went away: queued or executing
+            sv.stats.record_failure(time.monotonic_ns() - arrival, "CANCELED")
             raise
 
     def _finish(
@@ -350,6 +360,11 @@ class Serving:
         for out_name, arr in response.outputs.items():
             if out_name not in dts:
                 dts[out_name] = _datatype_of(out_name, arr, sv)
+
+
+def _reason(exc: BaseException) -> str:
+    """The failure reason a request's error is counted under."""
+    return "REJECTED" if isinstance(exc, Unavailable) else "BACKEND"
 
 
 def _fail_into(queue: asyncio.Queue[Any], submit: asyncio.Future[Any]) -> None:

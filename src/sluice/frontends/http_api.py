@@ -29,7 +29,7 @@ import socket
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import uvicorn
@@ -49,7 +49,13 @@ from ..service import InferenceService
 from ..types import InferResponse
 from .dashboard_page import dashboard_route
 from .errors import http_error
-from .http_limits import DEFAULT_MAX_INPUT_SIZE, BodyTooLarge, limit_body
+from .http_limits import (
+    DEFAULT_MAX_INPUT_SIZE,
+    DISCONNECTED,
+    ON_DISCONNECT,
+    BodyTooLarge,
+    limit_body,
+)
 
 __all__ = ["HttpFrontend", "make_http_server", "start_http_server"]
 
@@ -80,6 +86,27 @@ class _Stream(Exception):
 
 class _Disconnected(Exception):
     """The client went away before its request body arrived; nothing to answer."""
+
+
+_T = TypeVar("_T")
+
+
+async def _unless_gone(scope: Scope, answer: Awaitable[_T]) -> _T:
+    """``answer`` awaited, unless the client closes its connection first: then the wait is
+    cancelled (a queued request leaves its queue, a stream's model sees ``is_cancelled()``)
+    and _Disconnected raised. The protocol reports the loss (``http_limits``)."""
+    task = asyncio.current_task()
+    assert task is not None
+    scope[ON_DISCONNECT] = task.cancel
+    try:
+        return await answer
+    except asyncio.CancelledError:
+        if not scope.get(DISCONNECTED):
+            raise  # shutdown, not the client
+        task.uncancel()
+        raise _Disconnected from None
+    finally:
+        scope[ON_DISCONNECT] = None
 
 
 class _MethodNotAllowed(Exception):
@@ -268,7 +295,8 @@ class HttpFrontend:
                 trace.finish()
             return
         except _Stream as stream:
-            await self._send_events(send, stream.events)
+            with contextlib.suppress(_Disconnected):
+                await self._send_events(scope, send, stream.events)
             return
         except _MethodNotAllowed as exc:
             status, body, headers = _error(
@@ -393,23 +421,30 @@ class HttpFrontend:
             trace.finish()
 
     @staticmethod
-    async def _send_events(send: Send, events: AsyncIterator[bytes]) -> None:
+    async def _send_events(scope: Scope, send: Send, events: AsyncIterator[bytes]) -> None:
+        """The events as they come; a client that leaves ends the stream (and its request)."""
+
+        async def pump() -> None:
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                async for event in events:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        async with contextlib.aclosing(events):  # type: ignore[type-var]
-            async for event in events:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+        await _unless_gone(scope, pump())
         await send({"type": "http.response.body", "body": b""})
 
-    async def _generate(self, receive: Receive, name: str, version: str, stream: bool) -> Result:
+    async def _generate(
+        self, scope: Scope, receive: Receive, name: str, version: str, stream: bool
+    ) -> Result:
         body = await _read_body(receive)
         meta = self.service.model_metadata(name, version)
         request = decode_generate_request(body, name, version, meta["inputs"])
         if not stream:
-            response = await self.service.infer(request, single=True)
+            response = await _unless_gone(scope, self.service.infer(request, single=True))
             return _json(encode_generate_response(response))
         responses = self.service.infer_stream(request)
         try:  # errors before the first response are a plain error answer, as Triton
-            first = await anext(responses)
+            first = await _unless_gone(scope, anext(responses))
         except StopAsyncIteration:
             first = None
         except BaseException:
@@ -580,7 +615,7 @@ class HttpFrontend:
                 return _json(self.service.model_statistics(name, version))
             if action in (b"generate", b"generate_stream"):
                 _only(method, "POST")
-                return await self._generate(receive, name, version, action != b"generate")
+                return await self._generate(scope, receive, name, version, action != b"generate")
         elif rest == [b"trace", b"setting"] and not version:
             return await self._trace_setting(receive, method, name)
         return _error(404, f"no route for {scope['path']}")
@@ -618,7 +653,7 @@ class HttpFrontend:
         request.arrival_ns = received_ns
         if trace is not None:
             request.trace = trace
-        response = await self.service.infer(request, protocol="HTTP end point")
+        response = await _unless_gone(scope, self.service.infer(request, protocol="HTTP end point"))
         if trace is not None:
             trace.stamp("INFER_RESPONSE_COMPLETE")
         out, headers = encode_infer_response(response, request)

@@ -11,6 +11,10 @@ Rules of this file:
   is answered 431 and the connection closed. A head is counted from the first read after
   the one where it began, so nothing of a previous request's body is ever counted (the bound
   is then the limit plus one read, at most 256 KiB).
+- A connection lost before its answer is told to the request it carries: the protocol sets
+  ``scope[DISCONNECTED]`` and calls ``scope[ON_DISCONNECT]`` (where the application put one:
+  it cancels the wait for the answer, so a queued request leaves its queue). uvicorn only
+  reports it to a later ``receive()``, which nothing calls once the body is read.
 
 Usage::
 
@@ -32,7 +36,12 @@ __all__ = [
     "BodyTooLarge",
     "limit_body",
     "limited_httptools",
+    "DISCONNECTED",
+    "ON_DISCONNECT",
 ]
+
+DISCONNECTED = "sluice.disconnected"  # scope key: True once the client went away unanswered
+ON_DISCONNECT = "sluice.on_disconnect"  # scope key: called (no arguments) when it does
 
 DEFAULT_MAX_INPUT_SIZE = 64 << 20
 DEFAULT_MAX_HEADER_SIZE = 64 << 10
@@ -94,6 +103,16 @@ class _LimitedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # lost before the answer was complete
+            scope: Any = cycle.scope
+            scope[DISCONNECTED] = True
+            hook = scope.get(ON_DISCONNECT)
+            if hook is not None:
+                hook()
 
     def data_received(self, data: bytes) -> None:
         self._begun = False

@@ -604,8 +604,9 @@ class ModelManager:
             for dep in sorted(rec.dependents):
                 await self.unload(dep)
 
-    async def shutdown(self, timeout: float) -> bool:
-        """Drain every serving version (up to ``timeout``), then stop all. True if drained."""
+    async def shutdown(self, timeout: float, exit_timeout: float | None = None) -> bool:
+        """Drain every serving version (up to ``timeout``: what is left of ``exit_timeout``,
+        the flag named in the error of what did not finish), then stop all. True if drained."""
         if self._poll_task is not None:
             self._poll_task.cancel()
         serving = list(self.all_serving())
@@ -618,7 +619,7 @@ class ModelManager:
             drained = False
             err = Unavailable(
                 "Server is shutting down: request did not finish within "
-                f"--exit-timeout-secs={timeout:g}"
+                f"--exit-timeout-secs={timeout if exit_timeout is None else exit_timeout:g}"
             )
             for sv in serving:
                 sv.scheduler.fail_queued(err)

@@ -7,7 +7,9 @@ Rules of this file:
   the next batching deadline or queue timeout. There is no polling loop.
 - An instance runs one batch at a time; N instances run N batches concurrently.
 - A full queue and an expired timeout refuse the request at once with Unavailable.
-- ``drain()`` waits until nothing is queued or running (used before an unload).
+- ``drain()`` waits until nothing is queued or running (used before an unload), and then
+  for the instances that stream after ``execute`` returns (decoupled python models: they
+  have ``drain()`` and ``fail_streams(error)``) to close their streams.
 """
 
 from __future__ import annotations
@@ -332,14 +334,22 @@ class Scheduler:
             self._idle_event.set()
 
     async def drain(self) -> None:
-        """Wait until every queued and running request has finished."""
-        if self.in_flight == 0:
-            return
-        self._idle_event = asyncio.Event()
-        await self._idle_event.wait()
+        """Wait until every queued and running request has finished, streams included."""
+        if self.in_flight:
+            self._idle_event = asyncio.Event()
+            await self._idle_event.wait()
+        for inst in self._instances:
+            streams = getattr(inst, "drain", None)
+            if streams is not None:
+                await streams()
 
     def fail_queued(self, error: ServerError) -> None:
-        """Fail everything still queued (used when shutdown gives up waiting)."""
+        """Fail everything still queued and every stream still open (used when shutdown
+        gives up waiting)."""
+        for inst in self._instances:
+            fail_streams = getattr(inst, "fail_streams", None)
+            if fail_streams is not None:
+                fail_streams(error)
         for q in (*self._queues, self._delayed):
             while q:
                 job = q.popleft()

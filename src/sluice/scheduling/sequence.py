@@ -20,6 +20,13 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
   batch dimension when the model batches).
 - A sequence with no request for ``max_sequence_idle_microseconds`` (default 1 s) is released;
   a later request without START is refused with Triton's text, plus that it was idle.
+- A sequence whose instance loses its worker (it died, or was killed past
+  ``execute_timeout_ms``) is ended, with every other sequence bound to that instance: the
+  state the model held for them is gone. The request executing fails with the worker's
+  error, their queued requests fail with it too, and a later request without START is
+  refused with Triton's text plus why; START begins the sequence again on the new worker.
+  (Triton keeps sending such a sequence to the restarted model, which answers from a
+  fresh state: a wrong answer, not an error.)
 - A request must have batch size 1 (Triton: "inference request to model 'm' must specify
   batch-size 1 due to requirements of sequence batcher").
 - Requests batch together only when their non-batch input shapes (and state shapes) match.
@@ -41,7 +48,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, WorkerLost
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
@@ -65,6 +72,7 @@ class _Sequence:
     ended: bool = False
     last_ns: int = 0
     state: dict[str, np.ndarray] | None = None  # implicit state held between requests
+    generation: int = 0  # its instance's worker generation when it started (_generation)
 
 
 def _flag(value: Any) -> bool:
@@ -92,7 +100,8 @@ class SequenceScheduler(Scheduler):
         self._idle_ns = idle_us * 1000
         self._controls = _controls(sb)
         self._sequences: dict[Any, _Sequence] = {}
-        self._released: OrderedDict[Any, int] = OrderedDict()  # recently idled out
+        # recently idled out or lost: why, for the refusal of a request without START
+        self._released: OrderedDict[Any, str] = OrderedDict()
         self._reaper: asyncio.TimerHandle | None = None
         self._job_seq: dict[int, _Sequence] = {}  # id(job) -> its sequence, while it runs
 
@@ -123,20 +132,23 @@ class SequenceScheduler(Scheduler):
         now = time.monotonic_ns()
         if start:
             if seq is None or seq.ended:
-                seq = self._sequences[corr] = _Sequence(corr, self._least_loaded())
+                inst = self._least_loaded()
+                seq = self._sequences[corr] = _Sequence(corr, inst, generation=_generation(inst))
                 self._released.pop(corr, None)
-        elif seq is None or seq.ended:
-            idle = self._released.get(corr)
-            why = (
-                f" (the sequence was released after {idle // 1000} us without a request: "
-                "max_sequence_idle_microseconds)"
-                if idle is not None
-                else ""
+        elif seq is not None and not seq.ended and seq.generation != _generation(seq.instance):
+            # its worker was replaced while the sequence waited for this request
+            self._lose(
+                seq.instance,
+                WorkerLost(f"instance '{seq.instance.name}' replaced its worker process"),
+                seq.generation,
             )
+        if not start and (seq is None or seq.ended or self._sequences.get(corr) is not seq):
+            why = self._released.get(corr, "")
             raise InvalidArgument(
                 f"inference request for sequence {corr} to model '{self.model}' must specify "
                 f"the START flag on the first request of the sequence{why}"
             )
+        assert seq is not None
         if end:
             seq.ended = True
         seq.last_ns = now
@@ -209,6 +221,8 @@ class SequenceScheduler(Scheduler):
             for s in chosen:
                 s.running = True
                 job = s.pending.popleft()
+                if _flag(job.request.parameters.get("sequence_start")):
+                    s.generation = _generation(inst)  # it starts on the worker running now
                 self._job_seq[id(job)] = s
                 jobs.append(job)
                 if states is not None:
@@ -235,16 +249,49 @@ class SequenceScheduler(Scheduler):
         # before the base class dispatches again: the sequences may send their next request
         now = time.monotonic_ns()
         states = self._states
+        lost: tuple[ModelInstance, WorkerLost, int] | None = None
         for job, res in zip(jobs, results, strict=True):
             s = self._job_seq.pop(id(job), None)
             if s is None:
                 continue
             if states is not None and isinstance(res, InferResponse):
                 s.state = states.take(s.state, res)
+            elif isinstance(res, WorkerLost):
+                lost = (s.instance, res, s.generation)
             s.running = False
             s.last_ns = now
             if s.ended and not s.pending and self._sequences.get(s.corr) is s:
                 del self._sequences[s.corr]
+        if lost is not None:
+            self._lose(*lost)
+
+    def _lose(self, instance: ModelInstance, error: WorkerLost, generation: int) -> None:
+        """``instance``'s worker (of ``generation``) is gone, and the state it held: end the
+        sequences that started on it (not those whose next request is a START)."""
+        why = (
+            " (the sequence was ended when its instance's worker process was lost: "
+            f"{error.message})"
+        )
+        for corr, s in list(self._sequences.items()):
+            if s.instance is not instance or s.running or s.generation > generation:
+                continue
+            if s.pending and _flag(s.pending[0].request.parameters.get("sequence_start")):
+                continue
+            del self._sequences[corr]
+            while s.pending:
+                job = s.pending.popleft()
+                self._queued -= 1
+                self.stats.pending -= 1
+                if not job.future.done():
+                    job.future.set_exception(error)
+            if not s.ended:
+                self._remember(corr, why)
+        self._maybe_idle()
+
+    def _remember(self, corr: Any, why: str) -> None:
+        self._released[corr] = why
+        while len(self._released) > 4096:
+            self._released.popitem(last=False)
 
     def fail_queued(self, error: Any) -> None:
         for s in self._sequences.values():
@@ -268,9 +315,11 @@ class SequenceScheduler(Scheduler):
             if not s.running and not s.pending and now - s.last_ns >= self._idle_ns:
                 del self._sequences[corr]
                 if not s.ended:
-                    self._released[corr] = now - s.last_ns
-                    while len(self._released) > 4096:
-                        self._released.popitem(last=False)
+                    self._remember(
+                        corr,
+                        f" (the sequence was released after {(now - s.last_ns) // 1000} us "
+                        "without a request: max_sequence_idle_microseconds)",
+                    )
         if self._sequences:
             self._arm_reaper()
 
@@ -279,6 +328,12 @@ class SequenceScheduler(Scheduler):
             self._reaper.cancel()
             self._reaper = None
         await super().stop(grace)
+
+
+def _generation(instance: ModelInstance) -> int:
+    """How many times ``instance`` replaced the process holding its model (python models;
+    0 for the others: their state never leaves the server)."""
+    return int(getattr(instance, "generation", 0))
 
 
 def _controls(sb: mc.ModelSequenceBatching) -> list[tuple[str, int, list[Any], Any, str]]:

@@ -5,14 +5,14 @@ Rules of this file:
 - Replies are read when the pipe is readable (``loop.add_reader``), never by polling and never
   with a thread per request; futures are matched to replies by message id.
 - Process death is seen through the process sentinel (and pipe EOF). Every in-flight future
-  then fails with an INTERNAL ``ServerError`` naming the model, the instance and the exit
+  then fails with an INTERNAL ``WorkerLost`` naming the model, the instance and the exit
   code or signal, and a fresh worker is started (``initialize`` runs again) so later calls
   succeed. A call that arrives while the restart runs waits for it. A replacement killed by
   a signal while it starts (an instance that served before) is started again, up to
   ``RESTART_TRIES`` times in a row, and the calls waiting for it wait for the next one; an
   ``initialize`` that fails or exits on its own is not retried.
 - A call given a timeout (the model's ``execute_timeout_ms``) that is not answered in time
-  kills its worker with SIGKILL: the calls in flight on it fail with one UNAVAILABLE error
+  kills its worker with SIGKILL: the calls in flight on it fail with one UNAVAILABLE WorkerLost
   naming the model and the limit, and the worker is restarted as after any death.
 - ``stop`` sends ``Stop`` (the model's ``finalize``), waits up to its timeout, then
   terminates and kills. It never raises and never leaves a child behind.
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ...errors import ServerError, Status
+from ...errors import ServerError, Status, WorkerLost
 from .messages import (
     AutoCompleteReply,
     BlsCall,
@@ -183,7 +183,7 @@ class WorkerClient:
         exit handler fails the rest of its calls with the same error and restarts it."""
         self._pending.pop(msg_id, None)
         pid = self.pid
-        err = ServerError(
+        err = WorkerLost(
             f"{self.label}: execute did not finish within execute_timeout_ms="
             f"{round(timeout * 1000)}; its worker process {pid} was killed and is restarted",
             Status.UNAVAILABLE,
@@ -358,7 +358,7 @@ class WorkerClient:
         self._child = None
         self._fail_pending(
             child.kill_error
-            or ServerError(
+            or WorkerLost(
                 f"{self.label}: worker process {pid} {describe_exit(exitcode)}", Status.INTERNAL
             )
         )

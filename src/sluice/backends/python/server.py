@@ -11,6 +11,11 @@ Rules of this file:
 - A request's error (model raised, ``TritonError`` in its response, wrong response count)
   becomes a ``ServerError`` in that request's slot; a worker death raises for the whole batch
   and the worker is restarted.
+- A decoupled request is in flight until its final response, also after ``execute`` has
+  returned (a model may stream from a thread): ``drain()`` waits for every open stream whose
+  client is still there, so an unload or a shutdown waits for them as Triton waits for
+  in-flight requests;
+  ``fail_streams(error)`` ends those still open (shutdown past its timeout).
 
 Usage (the core)::
 
@@ -202,6 +207,7 @@ class PythonInstance:
         # the batch executing now (or last): its BLS calls inherit its chain of callers
         self._batch: list[InferRequest] = []
         self._batch_id = 0
+        self._no_streams: asyncio.Event | None = None  # set when the last stream closes
 
     @property
     def callers(self) -> tuple[str, ...]:
@@ -230,6 +236,12 @@ class PythonInstance:
     def pid(self) -> int | None:
         """The worker's process id (None when not running)."""
         return self.worker.pid
+
+    @property
+    def generation(self) -> int:
+        """How many times the worker was replaced: what the model held in memory (a
+        sequence's state) is gone each time."""
+        return self.worker.restarts
 
     async def start(self) -> None:
         path = _model_file(self.spec)
@@ -320,7 +332,7 @@ class PythonInstance:
         post = self.worker.post
         for i, r in enumerate(requests):
             self._streams[(exec_id, i)] = r
-            cancel = functools.partial(post, Cancel(exec_id, i))
+            cancel = functools.partial(self._cancel, post, Cancel(exec_id, i))
             r.on_cancel = cancel
             if r.cancelled:  # the client left while queued: tell the worker after Execute
                 asyncio.get_running_loop().call_soon(cancel)
@@ -328,6 +340,30 @@ class PythonInstance:
     def _close_streams(self, exec_id: int, n: int) -> None:
         for i in range(n):
             self._streams.pop((exec_id, i), None)
+        self._streams_closed()
+
+    def _cancel(self, post: Any, msg: Cancel) -> None:
+        post(msg)
+        self._streams_closed()  # a stream nobody reads is not waited for
+
+    def _streams_closed(self) -> None:
+        if self._no_streams is not None and not self._live_streams():
+            self._no_streams.set()
+
+    def _live_streams(self) -> bool:
+        return any(not r.cancelled for r in self._streams.values())
+
+    async def drain(self) -> None:
+        """Wait until no decoupled stream is open here (final response sent, or failed),
+        except those whose client has left: a stream nobody reads holds nothing up."""
+        while self._live_streams():
+            self._no_streams = asyncio.Event()
+            await self._no_streams.wait()
+        self._no_streams = None
+
+    def fail_streams(self, error: ServerError) -> None:
+        """End every stream still open here with ``error``."""
+        self._on_failure(error)
 
     def _decoupled_result(
         self, exec_id: int, requests: list[InferRequest], reply: Any, prep_ns: int
@@ -339,6 +375,7 @@ class PythonInstance:
                 results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
             else:  # resolves the scheduler's future; the stream goes on in r.responses
                 results.append(InferResponse(self.spec.name, self._model_version, r.id))
+        self._streams_closed()
         return ExecuteResult(
             results,
             compute_input_ns=prep_ns + reply.compute_input_ns,
@@ -354,6 +391,7 @@ class PythonInstance:
                 return
             if msg.final:
                 del self._streams[key]
+                self._streams_closed()
             r.responses.put_nowait(self._stream_response(r, msg))
         else:
             self._calls.start(msg)
@@ -379,6 +417,7 @@ class PythonInstance:
         for r in streams.values():
             if r.responses is not None:
                 r.responses.put_nowait(exc)
+        self._streams_closed()
 
     async def stop(self, grace: float | None = None) -> None:
         await self._calls.cancel_all()
