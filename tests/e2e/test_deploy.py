@@ -78,13 +78,13 @@ def test_manifests_agree_with_the_server_and_each_other() -> None:
     assert grace > cfg.exit_timeout_secs + pre_stop
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": cfg.http_port, "grpc": cfg.grpc_port, "metrics": cfg.metrics_port}
-    # probes as README "Behind Kubernetes probes"
+    # probes as docs/deployment.md "Behind Kubernetes probes"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 300
     assert "memory" in c["resources"]["limits"] and "cpu" in c["resources"]["requests"]
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "deployment.md").read_text()
     assert "/v2/health/live" in readme and "startupProbe" in readme
     # selectors: Service, PDB and ServiceMonitor find the Deployment's pods
     labels = dep["spec"]["template"]["metadata"]["labels"]

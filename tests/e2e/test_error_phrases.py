@@ -2,7 +2,7 @@
 
 Each case pins the phrase real Triton 2.51 answers with for the same mistake (measured, see
 notes/triton-behaviour.md); sluice may add its precision after the phrase, never before.
-The status may differ on purpose (a client mistake is a 4xx here, README "differs on purpose").
+The status may differ on purpose (a client mistake is a 4xx here, docs/migrating-from-triton.md "differs on purpose").
 """
 
 from __future__ import annotations
