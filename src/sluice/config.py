@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .access import Restriction
-    from .tls import TlsFiles
+    from .security.access import Restriction
+    from .security.tls import TlsFiles
 
 __all__ = ["ServerConfig", "ControlMode", "GrpcEdge"]
 

@@ -1,5 +1,6 @@
 """The dependency direction of DESIGN.md: the core never imports a front-end, grpc itself, or
-the web stack (tritonclient's generated protobuf schemas are data, not transport)."""
+the web stack (tritonclient's generated protobuf schemas are data, not transport), and
+``core/`` (what is serving now) never reaches up into the manager that writes it."""
 
 from __future__ import annotations
 
@@ -9,17 +10,27 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "sluice"
 CORE = [
     "service.py",
-    "stats.py",
-    "validation.py",
     "types.py",
     "errors.py",
     "config.py",
-    "metrics.py",
+    "core",
+    "observability",
+    "security",
+    "host",
     "repository",
     "scheduling",
     "backends",
 ]
 FORBIDDEN = ("grpc", "uvicorn", "starlette", "httptools", "sluice.frontends", "sluice.perf")
+# core/ is read by the manager, the service and the front-ends; it imports none of them.
+CORE_FORBIDDEN = (
+    *FORBIDDEN,
+    "sluice.repository.manager",
+    "sluice.repository.versions",
+    "sluice.service",
+    "sluice.server",
+    "sluice.cli",
+)
 
 
 def _imports(path: Path) -> list[str]:
@@ -36,15 +47,42 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
-def test_core_does_not_import_front_ends_or_transports():
-    files = [
-        p for c in CORE for p in ((SRC / c).rglob("*.py") if (SRC / c).is_dir() else [SRC / c])
+def _files(places: list[str]) -> list[Path]:
+    return [
+        p for c in places for p in ((SRC / c).rglob("*.py") if (SRC / c).is_dir() else [SRC / c])
     ]
-    assert len(files) > 20
-    bad = [
+
+
+def _bad(files: list[Path], forbidden: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [
         (str(f.relative_to(SRC)), name)
         for f in files
         for name in _imports(f)
-        if any(name == x or name.startswith(x + ".") for x in FORBIDDEN)
+        if any(name == x or name.startswith(x + ".") for x in forbidden)
     ]
-    assert bad == []
+
+
+def test_core_does_not_import_front_ends_or_transports():
+    files = _files(CORE)
+    assert len(files) > 20
+    assert _bad(files, FORBIDDEN) == []
+
+
+def test_core_package_does_not_import_the_manager_or_the_service():
+    files = _files(["core"])
+    assert len(files) >= 7
+    assert _bad(files, CORE_FORBIDDEN) == []
+
+
+def test_few_modules_lie_flat_at_the_top():
+    flat = sorted(p.name for p in SRC.glob("*.py"))
+    assert flat == [
+        "__init__.py",
+        "__main__.py",
+        "cli.py",
+        "config.py",
+        "errors.py",
+        "server.py",
+        "service.py",
+        "types.py",
+    ]

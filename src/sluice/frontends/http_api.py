@@ -34,8 +34,6 @@ from urllib.parse import unquote
 
 import uvicorn
 
-from ..access import AccessDenied, Policy, http_group
-from ..audit import http_action
 from ..errors import InvalidArgument, ServerError, Status
 from ..protocol import json_body
 from ..protocol.generate_codec import (
@@ -45,6 +43,8 @@ from ..protocol.generate_codec import (
 )
 from ..protocol.http_codec import encode_infer_response, read_infer_request
 from ..repository.model_config import config_to_json_dict
+from ..security.access import AccessDenied, Policy, http_group
+from ..security.audit import http_action
 from ..service import InferenceService
 from ..types import InferResponse
 from .dashboard_page import dashboard_route

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from .states import ServingVersion
+    from .registry import ServingVersion
 
 __all__ = ["TrafficSplit", "parse_weights", "weights_doc"]
 

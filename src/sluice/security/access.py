@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..errors import ServerError, Status
 from .audit import AuditLog, grpc_action, outcome
-from .errors import ServerError, Status
 from .keys import KeyFileError, KeyRing
 
 if TYPE_CHECKING:
-    from .config import ServerConfig
+    from ..config import ServerConfig
 
 _R = TypeVar("_R")
 

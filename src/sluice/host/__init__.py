@@ -1,0 +1,1 @@
+"""The host machine: the garbage collector's settings and system memory."""
