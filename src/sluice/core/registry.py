@@ -112,7 +112,7 @@ class ModelRecord:
     override: Override | None = None
     version_overrides: dict[int, Override] = field(default_factory=dict)
     # weighted split of requests that name no version (``traffic.py``); None: the latest
-    split: TrafficSplit | None = None
+    split: TrafficSplit[ServingVersion] | None = None
 
     def set_serving(self, serving: dict[int, ServingVersion]) -> None:
         self.serving = serving

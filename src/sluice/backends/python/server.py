@@ -44,7 +44,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...errors import InvalidArgument, NotFound, ServerError, Status
-from ...repository.model_config import config_to_json_dict
+from ...protocol.config_json import config_to_json_dict
 from ...types import InferRequest, InferResponse
 from ..base import ExecuteResult, ModelInstance, ModelSpec, register_backend
 from ..batching import instance_names
