@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from sluice.cache import ResponseCache
+from sluice.core.cache import ResponseCache
 from sluice.types import InferRequest
 
 

@@ -94,7 +94,7 @@ def main() -> int:
         uvloop.install()
     except ImportError:
         pass
-    from sluice.stats import Histogram
+    from sluice.core.stats import Histogram
 
     observe = Histogram.observe_ns
     for mode in ["off", "on"] if args.histograms == "both" else [args.histograms]:

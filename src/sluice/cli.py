@@ -36,7 +36,7 @@ def _port(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    from .sysmem import parse_size
+    from .host.sysmem import parse_size
 
     try:
         return parse_size(text)
@@ -280,7 +280,7 @@ def _nonneg_int(text: str) -> int:
 
 def _add_security_flags(p: argparse.ArgumentParser) -> None:
     """TLS (tritonserver's --grpc-* spellings, and the same shape for HTTP), Triton's
-    restricted APIs, sluice's API keys and audit log (access.py, keys.py, audit.py)."""
+    restricted APIs, sluice's API keys and audit log (security/: access.py, keys.py, audit.py)."""
     for proto in ("grpc", "http"):
         p.add_argument(
             f"--{proto}-use-ssl", type=_bool, default=False, metavar="BOOL", help=f"TLS on {proto}"
@@ -332,8 +332,8 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _security(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, object]:
-    from .access import parse_restrictions
-    from .tls import TlsFiles
+    from .security.access import parse_restrictions
+    from .security.tls import TlsFiles
 
     out: dict[str, object] = {}
     try:
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .lint.cli import add_repo_commands
 
     add_repo_commands(sub.add_parser("repo", help="model repository tools: repo lint PATH"))
-    from .keys import add_keys_parser
+    from .security.keys import add_keys_parser
 
     add_keys_parser(sub)
     return parser
@@ -532,7 +532,7 @@ def _trace_config(
 
 
 def _cache_size(items: list[str], parser: argparse.ArgumentParser) -> int:
-    from .cache import parse_cache_config
+    from .core.cache import parse_cache_config
 
     try:
         return parse_cache_config(items)
@@ -567,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_repo(ns)
     if ns.command == "keys":
-        from .keys import run_keys
+        from .security.keys import run_keys
 
         return run_keys(ns)
     parser.error(f"unknown command {ns.command}")

@@ -10,10 +10,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .access import Restriction
-    from .tls import TlsFiles
+    from .security.tls import TlsFiles
 
-__all__ = ["ServerConfig", "ControlMode", "GrpcEdge"]
+__all__ = ["ServerConfig", "ControlMode", "GrpcEdge", "Restriction"]
+
+
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    """Triton's ``<apis>:<key>=<value>``: these groups need header ``key`` equal to ``value``
+    (``--http-restricted-api`` / ``--grpc-restricted-protocol``, parsed by
+    ``security.access.parse_restrictions``)."""
+
+    groups: tuple[str, ...]
+    key: str
+    value: str
 
 
 class ControlMode:

@@ -19,13 +19,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .access import build_policy
 from .config import GrpcEdge, ServerConfig
 from .errors import ServerError
-from .gcsettings import tune_gc
-from .keys import KeyFileError, KeyRing
-from .logsettings import LogSettings, setup_logging
+from .host.gcsettings import tune_gc
+from .observability.logsettings import LogSettings, setup_logging
 from .repository.manager import ModelManager
+from .security.access import build_policy
+from .security.keys import KeyFileError, KeyRing
 from .service import InferenceService
 
 __all__ = ["Server", "run"]

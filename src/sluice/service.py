@@ -15,16 +15,16 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import __version__
 from .config import ControlMode, ServerConfig
+from .core.registry import ServingVersion, TensorInfo
+from .core.shared_memory import SharedMemoryRegistry
 from .errors import InvalidArgument, ServerError, Unavailable, bad_version
-from .events import ControlEvents
-from .logsettings import LogSettings
+from .observability.events import ControlEvents
+from .observability.logsettings import LogSettings
 from .protocol.datatypes import kserve_to_numpy
 from .repository import versions
-from .repository.control_state import ControlState
+from .repository.control_file import ControlState
 from .repository.layout import check_model_name
 from .repository.manager import ModelManager
-from .repository.states import ServingVersion, TensorInfo
-from .shared_memory import SharedMemoryRegistry
 from .tracing import Tracer, parse_trace_flags
 from .types import InferRequest, InferResponse
 

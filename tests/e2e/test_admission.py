@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from sluice.sysmem import machine_memory
+from sluice.host.sysmem import machine_memory
 from tests.e2e.helpers import (
     error_text,
     grpc_client,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from sluice.access import GRPC_GROUPS, AccessDenied, Guard, http_group, parse_restrictions
-from sluice.audit import http_action
-from sluice.keys import KeyFileError, KeyRing
+from sluice.security.access import GRPC_GROUPS, AccessDenied, Guard, http_group, parse_restrictions
+from sluice.security.audit import http_action
+from sluice.security.keys import KeyFileError, KeyRing
 
 
 def _parts(path: str) -> list[bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sluice.errors import NotFound
-from sluice.events import ControlEvents
+from sluice.observability.events import ControlEvents
 
 
 def test_records_outcomes_newest_first_and_keeps_the_last_n() -> None:

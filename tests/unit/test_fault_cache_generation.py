@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sluice.cache import ResponseCache
+from sluice.core.cache import ResponseCache
 from sluice.types import InferRequest
 
 

@@ -5,9 +5,9 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from sluice.errors import InvalidArgument, NotFound
+from sluice.protocol.config_json import config_to_json_dict
 from sluice.repository import layout
 from sluice.repository.model_config import (
-    config_to_json_dict,
     normalise,
     parse_config_json,
     parse_config_text,

@@ -1,4 +1,4 @@
-"""scheduling/state.py on its own: initial states, what a request is fed, what is kept."""
+"""scheduling/sequence_state.py on its own: initial states, what a request is fed, what is kept."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from sluice.errors import InvalidArgument, Unsupported
 from sluice.protocol.bytes_tensor import serialize
-from sluice.scheduling.state import implicit_state
+from sluice.scheduling.sequence_state import implicit_state
 from sluice.types import InferRequest, InferResponse
 
 

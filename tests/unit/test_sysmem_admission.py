@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from sluice.host.sysmem import MachineMemory, format_size, machine_memory, parse_size
 from sluice.repository.admission import MemoryAdmission, safety_margin
-from sluice.sysmem import MachineMemory, format_size, machine_memory, parse_size
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -8,7 +8,7 @@ import time
 
 import uvloop
 
-from sluice.scheduling.timer import DeadlineTimer
+from sluice.host.timer import DeadlineTimer
 
 
 def test_deadline_timer_never_fires_early_and_rearms():

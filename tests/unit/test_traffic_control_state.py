@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from sluice.core.traffic import TrafficSplit, parse_weights
 from sluice.errors import InvalidArgument
-from sluice.repository.control_state import _Bad, decode, write_atomic
-from sluice.repository.traffic import TrafficSplit, parse_weights
+from sluice.repository.control_file import _Bad, decode, write_atomic
 
 
 class _SV:

@@ -18,8 +18,8 @@ import json
 from functools import cache
 from pathlib import Path
 
-from ..dashboard import snapshot
 from ..errors import NotFound
+from ..observability.dashboard import snapshot
 from ..service import InferenceService
 
 __all__ = ["STATIC_DIR", "dashboard_route", "is_data_path"]

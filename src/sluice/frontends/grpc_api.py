@@ -30,12 +30,12 @@ from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from ..access import CALLER, AccessDenied, Policy, client_address
 from ..errors import InvalidArgument, ServerError, Status, Unsupported
 from ..protocol import grpc_codec as codec
 from ..protocol import json_body
+from ..security.access import CALLER, AccessDenied, Policy, client_address
+from ..security.tls import TlsFiles
 from ..service import InferenceService
-from ..tls import TlsFiles
 from ..types import InferRequest, InferResponse
 from .errors import grpc_error
 

@@ -34,17 +34,17 @@ from urllib.parse import unquote
 
 import uvicorn
 
-from ..access import AccessDenied, Policy, http_group
-from ..audit import http_action
 from ..errors import InvalidArgument, ServerError, Status
 from ..protocol import json_body
+from ..protocol.config_json import config_to_json_dict
 from ..protocol.generate_codec import (
     decode_generate_request,
     encode_generate_response,
     sse_event,
 )
 from ..protocol.http_codec import encode_infer_response, read_infer_request
-from ..repository.model_config import config_to_json_dict
+from ..security.access import AccessDenied, Policy, http_group
+from ..security.audit import http_action
 from ..service import InferenceService
 from ..types import InferResponse
 from .dashboard_page import dashboard_route

@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..metrics import build_registry, exposition
+from ..observability.metrics import build_registry, exposition
 from ..repository.manager import ModelManager
 
 __all__ = ["metrics_app"]

@@ -34,6 +34,7 @@ from ..backends.onnxruntime import check_tensors
 from ..backends.sequence_io import check_sequence_io, server_inputs, state_outputs
 from ..backends.tensorrt import plan_problem, runtime_problem
 from ..errors import InvalidArgument, ServerError
+from ..host.sysmem import format_size
 from ..repository import layout
 from ..repository.devices import check_devices
 from ..repository.model_config import (
@@ -43,7 +44,6 @@ from ..repository.model_config import (
     read_config,
     validate,
 )
-from ..sysmem import format_size
 from .findings import ERROR, WARNING, Finding
 from .model_files import file_size, onnx_graph, plan_header_problem
 

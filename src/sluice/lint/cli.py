@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..sysmem import format_size, machine_memory, parse_size
+from ..host.sysmem import format_size, machine_memory, parse_size
 
 __all__ = ["add_repo_commands", "run_repo"]
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote
+
+from ..perf.credentials import api_key_option
 
 __all__ = [
     "add_server_flags",
@@ -100,11 +101,6 @@ def parse_url(url: str | None) -> str:
 
 def _seg(text: str) -> str:
     return quote(text, safe="")
-
-
-def api_key_option(flag: str | None) -> str | None:
-    """The API key to send: ``--api-key``, else ``$SLUICE_API_KEY``, else none."""
-    return flag or os.environ.get("SLUICE_API_KEY") or None
 
 
 class OpsClient:

@@ -109,7 +109,8 @@ def config_to_pbtxt(config: dict[str, Any]) -> str:
 def read_config_file(path: str) -> dict[str, Any]:
     """A configuration file for ``--config``: JSON (a ModelConfig object) or config.pbtxt text."""
     from ..errors import InvalidArgument
-    from ..repository.model_config import config_to_json_dict, parse_config_text
+    from ..protocol.config_json import config_to_json_dict
+    from ..repository.model_config import parse_config_text
 
     try:
         text = Path(path).read_text()

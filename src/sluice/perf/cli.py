@@ -234,7 +234,7 @@ def run_perf(ns: argparse.Namespace) -> int:
 
     try:
         mo, io = measure_options(ns)
-        from ..ops.client import api_key_option
+        from .credentials import api_key_option
 
         target = Target.parse(ns.url, ns.protocol, api_key_option(ns.api_key))
         model = fetch_model(target, ns.model, ns.version)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..scheduling.timer import DeadlineTimer
+from ..host.timer import DeadlineTimer
 from .grpc_conn import LATE_NS, GrpcConn, grpc_message, request_headers
 
 __all__ = ["WorkerConfig", "worker_main", "LATE_NS"]

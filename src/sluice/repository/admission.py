@@ -29,7 +29,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
 from ..errors import InvalidArgument
-from ..sysmem import MachineMemory, format_size, machine_memory, tree_rss
+from ..host.sysmem import MachineMemory, format_size, machine_memory, tree_rss
 
 __all__ = ["MemoryAdmission", "safety_margin"]
 

@@ -31,18 +31,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance, ModelSpec, backend_for
 from ..backends.ensemble import EnsembleBackend, composing_models
-from ..cache import ResponseCache
 from ..config import ControlMode, ServerConfig
-from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
-from ..scheduling.scheduler import Scheduler
-from ..scheduling.sequence import SequenceScheduler
-from ..serving import Serving
-from ..stats import ModelStats
-from . import layout
-from .admission import MemoryAdmission
-from .devices import check_devices
-from .model_config import normalise, parse_config_json, read_config, validate
-from .states import (
+from ..core.cache import ResponseCache
+from ..core.registry import (
     LOADING,
     READY,
     UNAVAILABLE,
@@ -52,6 +43,15 @@ from .states import (
     ServingVersion,
     tensor_infos,
 )
+from ..core.serving import Serving
+from ..core.stats import ModelStats
+from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from ..scheduling.scheduler import Scheduler
+from ..scheduling.sequence import SequenceScheduler
+from . import layout
+from .admission import MemoryAdmission
+from .devices import check_devices
+from .model_config import normalise, parse_config_json, read_config, validate
 from .warmup import warm_up
 
 __all__ = ["ModelManager", "parse_load_params", "load_failure"]

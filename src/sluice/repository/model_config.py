@@ -7,10 +7,8 @@ Every error names the file, and where protobuf tells it, the line, column and fi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import InvalidArgument
@@ -23,7 +21,6 @@ __all__ = [
     "parse_config_json",
     "normalise",
     "validate",
-    "config_to_json_dict",
 ]
 
 CONFIG_FILE = "config.pbtxt"
@@ -230,44 +227,3 @@ def _check_dynamic_batching(config: mc.ModelConfig, source: str) -> list[str]:
             f"{db.default_priority_level})"
         )
     return warnings
-
-
-def config_to_json_dict(config: mc.ModelConfig) -> dict[str, Any]:
-    """Triton's JSON form of a ModelConfig: proto field names, every field printed, and
-    64-bit integers as JSON numbers (protobuf's JSON mapping would quote them)."""
-    data = json_format.MessageToDict(
-        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    _unquote_int64(config.DESCRIPTOR, data)
-    return data
-
-
-_INT64_TYPES = {FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64}
-
-
-def _unquote_int64(descriptor: Descriptor, data: dict[str, Any]) -> None:
-    for fd in descriptor.fields:
-        if fd.name not in data:
-            continue
-        value = data[fd.name]
-        if fd.cpp_type in _INT64_TYPES:
-            if isinstance(value, list):
-                data[fd.name] = [int(v) for v in value]
-            elif isinstance(value, dict):
-                data[fd.name] = {k: int(v) for k, v in value.items()}
-            else:
-                data[fd.name] = int(value)
-        elif fd.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE:
-            sub = fd.message_type
-            if sub.GetOptions().map_entry:
-                vfd = sub.fields_by_name["value"]
-                if vfd.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE:
-                    for v in value.values():
-                        _unquote_int64(vfd.message_type, v)
-                elif vfd.cpp_type in _INT64_TYPES:
-                    data[fd.name] = {k: int(v) for k, v in value.items()}
-            elif isinstance(value, list):
-                for v in value:
-                    _unquote_int64(sub, v)
-            elif isinstance(value, dict):
-                _unquote_int64(sub, value)

@@ -27,11 +27,11 @@ import os
 import shutil
 from typing import TYPE_CHECKING, Any
 
+from ..core.registry import UNAVAILABLE, UNLOADING, ModelRecord, Override, Signature
+from ..core.traffic import TrafficSplit, parse_weights, weights_doc
 from ..errors import VERSION_STRING_ERROR, InvalidArgument, NotFound, ServerError
 from . import layout
 from .manager import load_failure, parse_load_params
-from .states import UNAVAILABLE, UNLOADING, ModelRecord, Override, Signature
-from .traffic import TrafficSplit, parse_weights, weights_doc
 
 if TYPE_CHECKING:
     from .manager import ModelManager

@@ -21,12 +21,12 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
+from ..core.registry import ServingVersion
+from ..core.validation import check_request
 from ..errors import InvalidArgument, NotFound, ServerError
 from ..protocol import bytes_tensor
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..types import InferRequest
-from ..validation import check_request
-from .states import ServingVersion
 
 __all__ = ["warm_up"]
 

@@ -23,11 +23,11 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ExecuteResult, ModelInstance
+from ..core.stats import ModelStats
 from ..errors import Internal, ServerError, Unavailable
-from ..stats import ModelStats
+from ..host.timer import DeadlineTimer
 from ..types import InferRequest, InferResponse
 from .policy import BatchPolicy, Job, take_batch
-from .timer import DeadlineTimer
 
 __all__ = ["Scheduler", "QueuePolicy"]
 

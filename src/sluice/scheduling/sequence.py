@@ -48,13 +48,13 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
+from ..core.stats import ModelStats
 from ..errors import InvalidArgument, WorkerLost
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
-from ..stats import ModelStats
 from ..types import InferRequest, InferResponse
 from .policy import Job, window_start
 from .scheduler import Scheduler
-from .state import implicit_state
+from .sequence_state import implicit_state
 
 __all__ = ["SequenceScheduler"]
 

@@ -14,14 +14,34 @@ Rules of this file:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .tracer import Tracer, TraceSetting
+__all__ = [
+    "Trace",
+    "TraceOwner",
+    "TraceOptions",
+    "FRONTEND_STAMPS",
+    "MODEL_STAMPS",
+    "COMPUTE_STAMPS",
+]
 
-__all__ = ["Trace", "FRONTEND_STAMPS", "MODEL_STAMPS", "COMPUTE_STAMPS"]
+
+class TraceOwner(Protocol):
+    """What a trace needs of its tracer (``tracer.Tracer``): ids, and where a tree goes."""
+
+    def next_id(self) -> int: ...
+
+    def finished(self, root: Trace) -> None: ...
+
+
+class TraceOptions(Protocol):
+    """What a trace reads of the setting it was sampled under (``tracer.TraceSetting``)."""
+
+    tensors: bool
+    timestamps: bool
+
 
 _now = time.monotonic_ns
 
@@ -74,7 +94,11 @@ class Trace:
     )
 
     def __init__(
-        self, tracer: Tracer, setting: TraceSetting, trace_id: int, parent: Trace | None = None
+        self,
+        tracer: TraceOwner,
+        setting: TraceOptions,
+        trace_id: int,
+        parent: Trace | None = None,
     ) -> None:
         self.id = trace_id
         self.tracer = tracer

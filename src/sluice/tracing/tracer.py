@@ -31,7 +31,7 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..errors import InvalidArgument
 from .settings import CLEAR, TraceConfig, level_names, parse_update
@@ -142,7 +142,7 @@ class Tracer:
 
     def collect(self, root: Trace) -> None:
         """A finished trace tree: to OpenTelemetry, or into its setting's file stream."""
-        setting = root.setting
+        setting = cast(TraceSetting, root.setting)  # this tracer's traces carry its settings
         try:
             if root.model_version < 0:
                 return  # the request never reached a model (unknown model): Triton writes none

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import InvalidArgument, ServerError
 from ...types import InferRequest, InferResponse, OutputSpec
@@ -26,19 +26,35 @@ from .messages import BlsCall, BlsReply
 from .shm import pack, unpack
 
 if TYPE_CHECKING:
-    from .server import PythonInstance
+    from ..base import ModelSpec
+    from .pool import WorkerClient
 
-__all__ = ["BlsCalls"]
+__all__ = ["BlsCalls", "BlsCaller"]
 
 log = logging.getLogger("sluice.bls")
 
 _NO_OUTPUTS = ("", (), b"")
 
 
+class BlsCaller(Protocol):
+    """What BLS calls need of the python model instance that makes them (``PythonInstance``)."""
+
+    spec: ModelSpec
+    worker: WorkerClient
+
+    @property
+    def callers(self) -> tuple[str, ...]: ...
+
+    @property
+    def shm_prefix(self) -> str: ...
+
+    def request_of(self, ctx: tuple[int, int]) -> InferRequest | None: ...
+
+
 class BlsCalls:
     """The BLS calls in flight from one python model instance."""
 
-    def __init__(self, instance: PythonInstance, serving: Any) -> None:
+    def __init__(self, instance: BlsCaller, serving: Any) -> None:
         self._instance = instance
         self._serving = serving
         self._tasks: set[asyncio.Task[None]] = set()

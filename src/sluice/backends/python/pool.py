@@ -199,13 +199,20 @@ class WorkerClient:
 
     async def stop(self, grace: float | None = None) -> None:
         """Finalize (waiting up to ``grace``, default ``stop_timeout``), then terminate / kill
-        if needed. ``grace=0`` kills at once (shutdown past --exit-timeout-secs). Never raises."""
+        if needed. ``grace=0`` kills at once (shutdown past --exit-timeout-secs). Raises
+        nothing but the cancellation of the caller, and that only after the worker is killed
+        and its resources released."""
         timeout = self.stop_timeout if grace is None else max(0.0, grace)
         self._stopping = True
         task = self._start_task
         if task is not None and not task.done():
-            with contextlib.suppress(BaseException):
-                await task
+            try:
+                await asyncio.wait({task})  # its outcome is its starter's: only wait for it
+            except asyncio.CancelledError:
+                self._kill_now()
+                raise
+        if task is not None and task.done() and not task.cancelled():
+            task.exception()  # retrieved: a failed start was reported to whoever awaited it
         child = self._child
         if child is None:
             return
@@ -220,13 +227,19 @@ class WorkerClient:
                 except (TimeoutError, OSError, ServerError):
                     pass
             await _wait_exit(child.proc, timeout)
-        except BaseException:  # noqa: BLE001 - stop must not raise; kill below
+        except Exception:  # noqa: BLE001 - stop must not raise; kill below
             pass
-        finally:
+        finally:  # a cancelled stop kills here, then its cancellation goes on up
+            self._kill_now()
+
+    def _kill_now(self) -> None:
+        """Kill and release the worker (if any) and fail its calls: the end of every stop."""
+        child = self._child
+        if child is not None:
             self._release(child)
             self._child = None
-            self._fail_pending(ServerError(f"{self.label} is stopping", Status.UNAVAILABLE))
-            unlink_prefix(self.setup.shm_prefix + "o")
+        self._fail_pending(ServerError(f"{self.label} is stopping", Status.UNAVAILABLE))
+        unlink_prefix(self.setup.shm_prefix + "o")
 
     # ---- start / exit -------------------------------------------------------------------
 

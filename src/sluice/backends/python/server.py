@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import contextlib
 import functools
 import itertools
 import json
@@ -45,7 +44,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...errors import InvalidArgument, NotFound, ServerError, Status
-from ...repository.model_config import config_to_json_dict
+from ...protocol.config_json import config_to_json_dict
 from ...types import InferRequest, InferResponse
 from ..base import ExecuteResult, ModelInstance, ModelSpec, register_backend
 from ..batching import instance_names
@@ -421,11 +420,14 @@ class PythonInstance:
 
     async def stop(self, grace: float | None = None) -> None:
         await self._calls.cancel_all()
-        with contextlib.suppress(BaseException):
+        try:
             await self.worker.stop(grace)
-        self._outputs.close()
-        self._inputs.close()
-        unlink_prefix(self._setup.shm_prefix)
+        except Exception:  # noqa: BLE001 - stop must not raise; a cancellation goes on up
+            pass
+        finally:
+            self._outputs.close()
+            self._inputs.close()
+            unlink_prefix(self._setup.shm_prefix)
 
 
 class PythonBackend:

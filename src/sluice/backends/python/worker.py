@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...gcsettings import tune_gc
+from ...host.gcsettings import tune_gc
 from .messages import (
     OK,
     AutoCompleteReply,

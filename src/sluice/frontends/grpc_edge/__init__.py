@@ -39,11 +39,11 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
-from ...access import CALLER, AccessDenied, Policy, client_address
 from ...errors import InvalidArgument, ServerError, Status
 from ...protocol.grpc_codec import parse_model_infer
+from ...security.access import CALLER, AccessDenied, Policy, client_address
+from ...security.tls import TlsFiles
 from ...service import InferenceService
-from ...tls import TlsFiles
 from ..errors import grpc_error
 from ..grpc_api import (
     MAX_MESSAGE_BYTES,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import InvalidArgument
-from .repository.states import ServingVersion
-from .types import InferRequest
+from ..errors import InvalidArgument
+from ..types import InferRequest
+from .registry import ServingVersion
 
 __all__ = ["check_request"]
 

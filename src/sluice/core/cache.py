@@ -34,8 +34,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .protocol import bytes_tensor
-from .types import InferRequest
+from ..protocol import bytes_tensor
+from ..types import InferRequest
 
 __all__ = ["ResponseCache", "parse_cache_config"]
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from ..errors import InvalidArgument
 
-if TYPE_CHECKING:
-    from .states import ServingVersion
+_V = TypeVar("_V")  # what a split picks: the registry's ServingVersion
 
 __all__ = ["TrafficSplit", "parse_weights", "weights_doc"]
 
@@ -69,14 +68,12 @@ def weights_doc(weights: dict[int, int]) -> dict[str, int]:
     return {str(v): weights[v] for v in sorted(weights)}
 
 
-class TrafficSplit:
+class TrafficSplit(Generic[_V]):
     """The weights of a model's split, bound to the versions serving now."""
 
     __slots__ = ("name", "weights", "_entries", "_total")
 
-    def __init__(
-        self, name: str, weights: dict[int, int], serving: dict[int, ServingVersion]
-    ) -> None:
+    def __init__(self, name: str, weights: dict[int, int], serving: dict[int, _V]) -> None:
         not_ready = [v for v in sorted(weights) if v not in serving]
         if not_ready:
             raise InvalidArgument(
@@ -93,7 +90,7 @@ class TrafficSplit:
         ]
         self._total = sum(e[1] for e in self._entries)
 
-    def pick(self) -> ServingVersion:
+    def pick(self) -> _V:
         """The next version (smooth weighted round robin)."""
         best = None
         for e in self._entries:
@@ -102,10 +99,10 @@ class TrafficSplit:
                 best = e
         assert best is not None
         best[2] -= self._total
-        sv: ServingVersion = best[0]
+        sv: _V = best[0]
         return sv
 
-    def rebind(self, serving: dict[int, ServingVersion]) -> TrafficSplit | None:
+    def rebind(self, serving: dict[int, _V]) -> TrafficSplit[_V] | None:
         """This split over a new serving set (the versions' objects change on reload);
         versions no longer serving are dropped (logged). None when nothing with a positive
         weight is left: requests naming no version then go to the highest version again."""

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import InvalidArgument, Unsupported
+from ..errors import InvalidArgument, Unsupported
 
 __all__ = ["LogSettings", "setup_logging"]
 

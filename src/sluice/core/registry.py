@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..backends.base import ModelSpec
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..scheduling.scheduler import Scheduler
-from ..stats import ModelStats
+from .stats import ModelStats
 from .traffic import TrafficSplit
 
 __all__ = [
@@ -85,7 +85,7 @@ class ServingVersion:
 @dataclass(frozen=True, slots=True)
 class Override:
     """The 'config' (and 'file:<path>' contents) a load carried; kept while it is in force so
-    that the control state can record it (``control_state.py``)."""
+    that the control state can record it (``repository/control_file.py``)."""
 
     config: str
     files: dict[str, bytes] = field(default_factory=dict)
@@ -112,7 +112,7 @@ class ModelRecord:
     override: Override | None = None
     version_overrides: dict[int, Override] = field(default_factory=dict)
     # weighted split of requests that name no version (``traffic.py``); None: the latest
-    split: TrafficSplit | None = None
+    split: TrafficSplit[ServingVersion] | None = None
 
     def set_serving(self, serving: dict[int, ServingVersion]) -> None:
         self.serving = serving

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AlreadyExists, InvalidArgument, NotFound
-from .protocol import bytes_tensor
+from ..errors import AlreadyExists, InvalidArgument, NotFound
+from ..protocol import bytes_tensor
 
 __all__ = ["SharedMemoryRegistry", "SHM_PARAMS"]
 

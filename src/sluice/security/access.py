@@ -24,16 +24,13 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from ..config import Restriction, ServerConfig
+from ..errors import ServerError, Status
 from .audit import AuditLog, grpc_action, outcome
-from .errors import ServerError, Status
 from .keys import KeyFileError, KeyRing
-
-if TYPE_CHECKING:
-    from .config import ServerConfig
 
 _R = TypeVar("_R")
 
@@ -149,15 +146,6 @@ class AccessDenied(ServerError):
     def __init__(self, message: str, status: Status, http_status: int) -> None:
         super().__init__(message, status)
         self.http_status = http_status
-
-
-@dataclass(frozen=True, slots=True)
-class Restriction:
-    """Triton's ``<apis>:<key>=<value>``: these groups need header ``key`` equal to ``value``."""
-
-    groups: tuple[str, ...]
-    key: str
-    value: str
 
 
 def parse_restrictions(items: Sequence[str], flag: str, what: str) -> tuple[Restriction, ...]:

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.registry import ModelRecord, Override
+from ..core.traffic import parse_weights, weights_doc
 from ..errors import NotFound, ServerError
 from . import layout
-from .states import ModelRecord, Override
-from .traffic import parse_weights, weights_doc
 from .versions import load_version, set_traffic, unload_version
 
 if TYPE_CHECKING:

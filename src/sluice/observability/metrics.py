@@ -14,8 +14,8 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .repository.manager import ModelManager
-from .stats import BUCKETS_US, Histogram, ModelStats
+from ..core.stats import BUCKETS_US, Histogram, ModelStats
+from ..repository.manager import ModelManager
 
 __all__ = ["TritonCollector", "build_registry", "COUNTER_FAMILIES", "exposition"]
 

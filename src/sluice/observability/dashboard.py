@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .stats import BUCKETS_US, ModelStats
+from ..core.stats import BUCKETS_US, ModelStats
 
 if TYPE_CHECKING:
-    from .service import InferenceService
+    from ..service import InferenceService
 
 __all__ = ["snapshot"]
 

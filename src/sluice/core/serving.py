@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache import ResponseCache
-from .errors import (
+from ..errors import (
     Internal,
     InvalidArgument,
     NotFound,
@@ -44,10 +43,11 @@ from .errors import (
     Unsupported,
     bad_version,
 )
-from .protocol.datatypes import numpy_to_kserve
-from .repository import layout
-from .repository.states import ModelRecord, ServingVersion
-from .types import InferRequest, InferResponse
+from ..protocol.datatypes import numpy_to_kserve
+from ..repository import layout
+from ..types import InferRequest, InferResponse
+from .cache import ResponseCache
+from .registry import ModelRecord, ServingVersion
 from .validation import check_request
 
 __all__ = ["Serving", "DECOUPLED_REFUSED"]
@@ -102,7 +102,7 @@ class Serving:
 
     def route(self, name: str, version: str) -> ServingVersion:
         """The version a request goes to: the one it names, else the traffic split's choice
-        (``repository/traffic.py``), else the highest serving version."""
+        (``core/traffic.py``), else the highest serving version."""
         if not version:
             rec = self.records.get(name)
             if rec is not None:

@@ -1,0 +1,2 @@
+"""What the server tells operators: metrics, the dashboard document, control events and log
+settings."""

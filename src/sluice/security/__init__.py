@@ -1,0 +1,1 @@
+"""Who may call what: access rules, API keys, the audit log and TLS files."""
