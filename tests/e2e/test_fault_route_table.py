@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.helpers import error_text, fp32_infer_body, post, request
+from tests.e2e.helpers import error_text, fp32_infer_body, post, request, wait_until
 from tests.zoo import identity
 
 RESTRICTED = "This API is restricted, expecting header 'admin-key'"
@@ -52,8 +52,10 @@ def test_every_control_action_served_is_audited(start_server, tmp_path: Path) ->
     # an unload spelled with a trailing slash: audited as the model's unload
     code, raw = post(srv, "/v2/repository/models/identity/unload/")
     assert code == 200, raw
+    # a line is written once the answer is sent: wait for both
+    wait_until(lambda: len(audit.read_text().splitlines()) >= 2, what="two audit lines")
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
-    assert [(x["action"], x["model"], x["version"], x["outcome"]) for x in lines] == [
+    assert sorted((x["action"], x["model"], x["version"], x["outcome"]) for x in lines) == [
         ("load", "", "", f"error: {refusal}"),
         ("unload", "identity", "", "ok"),
     ]

@@ -23,6 +23,7 @@ from sluice.access import Guard, Policy, Restriction, http_group
 from sluice.audit import AuditLog, http_action
 from sluice.frontends.http_api import HttpFrontend, start_http_server
 from sluice.protocol.http_routes import ACTIONS, GROUPS, ROUTES, Route, Router
+from tests.e2e.helpers import wait_until
 from tests.unit.test_frontends_fake_service import ToyService
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "sluice"
@@ -101,8 +102,10 @@ def test_an_endpoint_is_added_by_one_route_entry(warm_server: tuple[int, Path]) 
         {"error": "method GET is not allowed on /v2/models/a/b/versions/3/warm"},
     )
     assert headers["allow"] == "POST"
+    # a line is written once the answer is sent: wait for both
+    wait_until(lambda: len(audit.read_text().splitlines()) >= 2, what="two audit lines")
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
-    assert [(x["action"], x["model"], x["version"], x["outcome"]) for x in lines] == [
+    assert sorted((x["action"], x["model"], x["version"], x["outcome"]) for x in lines) == [
         ("load", "a/b", "3", "denied: This API is restricted, expecting header 'admin-key'"),
         ("load", "a/b", "3", "ok"),
     ]

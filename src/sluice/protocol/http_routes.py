@@ -188,7 +188,12 @@ _Keyed = tuple[Route, Any, tuple[bytes, ...], Container[str], int, int, int]
 
 
 def _keyed(r: Route) -> _Keyed:
-    return r, r._get, r._lits, r._accepts, r._nargs, r._i0, r._i1
+    """``r`` unpacked for ``Router.match``, without its last literal (the lookup's key)."""
+    get, lits = r._get, r._lits
+    if r.last is not None and len(lits) > 2:
+        idx = [i for i in range(r.size) if i not in r._idx][:-1]
+        get, lits = itemgetter(*idx), lits[:-1]
+    return r, get, lits, r._accepts, r._nargs, r._i0, r._i1
 
 
 class Router:
@@ -214,8 +219,11 @@ class Router:
             self._by_size[n] = self._candidates(n, None)
             for last in {r.last for r in self.routes if r.size == n and r.last is not None}:
                 self._by_last[n, last] = self._candidates(n, last)
-        # the same, unpacked for match() (the hot path)
-        self._keyed = {key: tuple(_keyed(r) for r in rs) for key, rs in self._by_last.items()}
+        # the same for match() (the hot path): last segment -> segment count -> candidates,
+        # unpacked, a literal last segment left out of their checks (the key checked it)
+        self._keyed: dict[bytes, dict[int, tuple[_Keyed, ...]]] = {}
+        for (n, last), rs in self._by_last.items():
+            self._keyed.setdefault(last, {})[n] = tuple(_keyed(r) for r in rs)
 
     def _candidates(self, n: int, last: bytes | None) -> tuple[Route, ...]:
         return tuple(
@@ -244,7 +252,8 @@ class Router:
             parts = parts[:-1]
             n -= 1
             last = parts[-1]
-        found = self._keyed.get((n, last)) or self._keyed_fallback(n)
+        by_size = self._keyed.get(last)
+        found = (by_size and by_size.get(n)) or self._keyed_fallback(n)
         allowed = None
         for r, get, lits, accepts, k, i0, i1 in found:
             if get(parts) == lits:  # candidates have the path's length (or a rest)
