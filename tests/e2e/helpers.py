@@ -72,14 +72,21 @@ def infer_fp32(
 
 
 def wait_until(
-    pred: Callable[[], bool], timeout: float = 15.0, interval: float = 0.1, what: str = "condition"
+    pred: Callable[[], bool],
+    timeout: float = 15.0,
+    interval: float = 0.1,
+    what: str = "condition",
+    describe: Callable[[], str] | None = None,
 ) -> None:
+    """Wait for ``pred``; on time-out fail naming ``what`` and, where given, what
+    ``describe()`` says of the state seen last."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    seen = f" (last seen: {describe()})" if describe is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{seen}")
 
 
 def pending(srv: Any, model: str) -> int:

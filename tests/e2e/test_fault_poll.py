@@ -126,9 +126,10 @@ def test_a_half_copied_model_is_unavailable_with_its_cause_then_ready_once_compl
     mdir.mkdir()
     (mdir / "config.pbtxt").write_text(_config("half", scale=3.0))
     wait_until(
-        lambda: "no version directory" in _reason(server, "half", ""),
+        lambda: "no version directory" in _reasons(server, "half"),
         timeout=WAIT,
         what="the missing version directory in the index",
+        describe=lambda: f"index entries {index_entries(server, 'half')}",
     )
     assert _state(server, "half", "") == "UNAVAILABLE"
     assert _value(server, "steady", 2.0) == 21.0

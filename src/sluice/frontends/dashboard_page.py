@@ -1,7 +1,7 @@
 """The operator's dashboard on the HTTP port: one static page, its script, the vendored
 Chart.js (``static/``, licence beside it) and the JSON document the page polls.
 
-Routes (GET only)::
+Routes (GET only; in ``protocol.http_routes``)::
 
     /dashboard, /dashboard/          the page
     /dashboard/dashboard.js          its script
@@ -22,14 +22,14 @@ from ..errors import NotFound
 from ..observability.dashboard import snapshot
 from ..service import InferenceService
 
-__all__ = ["STATIC_DIR", "dashboard_route", "is_data_path"]
+__all__ = ["STATIC_DIR", "dashboard_data", "dashboard_file"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 _FILES = {
-    b"": ("dashboard.html", b"text/html; charset=utf-8"),
-    b"dashboard.js": ("dashboard.js", b"text/javascript; charset=utf-8"),
-    b"chart.umd.min.js": ("chart.umd.min.js", b"text/javascript; charset=utf-8"),
+    "": ("dashboard.html", b"text/html; charset=utf-8"),
+    "dashboard.js": ("dashboard.js", b"text/javascript; charset=utf-8"),
+    "chart.umd.min.js": ("chart.umd.min.js", b"text/javascript; charset=utf-8"),
 }
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -39,20 +39,16 @@ def _static(name: str) -> bytes:
     return (STATIC_DIR / name).read_bytes()
 
 
-def is_data_path(parts: list[bytes]) -> bool:
-    """``/dashboard/data``: statistics (the rest of /dashboard is static files)."""
-    return len(parts) == 3 and parts[2] == b"data"
+def dashboard_data(service: InferenceService) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """``/dashboard/data``: the JSON the page polls."""
+    body = _json_dumps(snapshot(service)).encode()
+    return 200, body, [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
 
 
-def dashboard_route(
-    service: InferenceService, parts: list[bytes]
-) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """``parts``: the path split on ``/`` (``[b"", b"dashboard", ...]``, no trailing "")."""
-    leaf = parts[2] if len(parts) == 3 else b"" if len(parts) == 2 else None
-    if is_data_path(parts):
-        body = _json_dumps(snapshot(service)).encode()
-        return 200, body, [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
-    if leaf is None or leaf not in _FILES:
-        raise NotFound(f"no dashboard file /{b'/'.join(parts[1:]).decode(errors='replace')}")
-    name, ctype = _FILES[leaf]
+def dashboard_file(leaf: str) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """``/dashboard/<leaf>`` (``""``: the page itself); NotFound for any other file."""
+    found = _FILES.get(leaf)
+    if found is None:
+        raise NotFound(f"no dashboard file /dashboard/{leaf}")
+    name, ctype = found
     return 200, _static(name), [(b"content-type", ctype), (b"cache-control", b"no-cache")]

@@ -2,8 +2,9 @@
 
 Rules of this file:
 - Translate only: decode, call ``InferenceService``, encode. No behaviour lives here.
-- The path is split once on ``/`` (from ``raw_path``, so ``%2F`` in a model name stays in the
-  name) and matched on segments; model names and versions are percent-decoded.
+- Routes are the table of ``protocol.http_routes`` (method, path, handler, API group, audit
+  action): the path (``raw_path``, so ``%2F`` in a model name stays in the name) is matched
+  there once; route ``R`` is served by the method ``_<R.handler>(scope, receive, *args)``.
 - Every handler returns ``(status, body, headers)``; ``__call__`` sends it. Errors are mapped
   once, in ``__call__``, by ``frontends.errors.http_error``; error bodies are always
   ``{"error": "<message>"}`` with Content-Type application/json.
@@ -30,7 +31,6 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
 from typing import Any, TypeVar
-from urllib.parse import unquote
 
 import uvicorn
 
@@ -43,11 +43,11 @@ from ..protocol.generate_codec import (
     sse_event,
 )
 from ..protocol.http_codec import encode_infer_response, read_infer_request
-from ..security.access import AccessDenied, Policy, http_group
-from ..security.audit import http_action
+from ..protocol.http_routes import ROUTES, MethodNotAllowed, Router
+from ..security.access import AccessDenied, Policy
 from ..service import InferenceService
 from ..types import InferResponse
-from .dashboard_page import dashboard_route
+from .dashboard_page import dashboard_data, dashboard_file
 from .errors import http_error
 from .http_limits import (
     DEFAULT_MAX_INPUT_SIZE,
@@ -109,11 +109,6 @@ async def _unless_gone(scope: Scope, answer: Awaitable[_T]) -> _T:
         scope[ON_DISCONNECT] = None
 
 
-class _MethodNotAllowed(Exception):
-    def __init__(self, allowed: str) -> None:
-        self.allowed = allowed
-
-
 async def _events(
     first: InferResponse | None, rest: AsyncIterator[InferResponse]
 ) -> AsyncIterator[bytes]:
@@ -155,11 +150,6 @@ def _index_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     """Triton omits empty fields: ``{"name": "m"}`` for a model never loaded, no "reason" for
     a READY one."""
     return [{k: v for k, v in row.items() if v or k == "name"} for row in rows]
-
-
-def _seg(raw: bytes) -> str:
-    s = raw.decode("utf-8", "surrogateescape")
-    return unquote(s) if "%" in s else s
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -240,7 +230,7 @@ def _params(doc: dict[str, Any], what: str) -> dict[str, Any]:
 class HttpFrontend:
     """ASGI application serving the KServe v2 / Triton HTTP API over ``service``."""
 
-    __slots__ = ("service", "tracer", "policy", "max_input_size")
+    __slots__ = ("service", "tracer", "policy", "max_input_size", "routes", "_handlers")
 
     def __init__(
         self,
@@ -248,6 +238,7 @@ class HttpFrontend:
         policy: Policy | None = None,
         *,
         max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+        routes: Router = ROUTES,
     ) -> None:
         self.service = service
         # --http-max-input-size: the most bytes a request body may hold (0 = no limit)
@@ -255,6 +246,11 @@ class HttpFrontend:
         self.tracer = service.tracer  # the trace extension: one test per request when off
         # restricted APIs, API keys, audit log (access.Policy): one test per request when none
         self.policy = policy
+        # the URL space (protocol.http_routes); route i is served by _handlers[i]
+        self.routes = routes
+        self._handlers: tuple[Callable[..., Awaitable[Result]], ...] = tuple(
+            getattr(self, f"_{r.handler}") for r in routes.routes
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -269,27 +265,19 @@ class HttpFrontend:
             if self.max_input_size:
                 receive = limit_body(scope, receive, self.max_input_size)
             raw: bytes = scope.get("raw_path") or scope["path"].encode()
-            parts = raw.split(b"/")
-            n = len(parts)
-            # Hot path, matched here to save a coroutine hop: POST /v2/models/<m>[/versions/<v>]/infer
-            if (
-                parts[-1] == b"infer"
-                and (n == 5 or (n == 7 and parts[4] == b"versions"))
-                and parts[2] == b"models"
-                and parts[1] == b"v2"
-                and parts[0] == b""
-                and scope["method"] == "POST"
-            ):
-                model = _seg(parts[3])
-                if self.tracer.on:
-                    trace = self.tracer.sample(model)
+            found = self.routes.match(scope["method"], raw.split(b"/"))
+            if found is None:
+                status, body, headers = _error(404, f"no route for {scope['path']}")
+            else:
+                route, args = found
+                handler = self._handlers[route.index]
+                if route.traced and self.tracer.on:  # args[0]: the model
+                    trace = self.tracer.sample(args[0])
                     if trace is not None:
                         trace.stamp("HTTP_RECV_START")
-                status, body, headers = await self._infer(
-                    scope, receive, model, _seg(parts[5]) if n == 7 else "", trace
-                )
-            else:
-                status, body, headers = await self._dispatch(scope, receive, parts)
+                    status, body, headers = await handler(scope, receive, *args, trace=trace)
+                else:
+                    status, body, headers = await handler(scope, receive, *args)
         except _Disconnected:
             if trace is not None:
                 trace.finish()
@@ -298,7 +286,7 @@ class HttpFrontend:
             with contextlib.suppress(_Disconnected):
                 await self._send_events(scope, send, stream.events)
             return
-        except _MethodNotAllowed as exc:
+        except MethodNotAllowed as exc:
             status, body, headers = _error(
                 405, f"method {scope['method']} is not allowed on {scope['path']}"
             )
@@ -342,9 +330,9 @@ class HttpFrontend:
                 return None
 
             try:
-                key = policy.guard.check_http(http_group(parts), header)
+                key = policy.guard.check_http(self.routes.group(parts), header)
             except AccessDenied as exc:
-                action = http_action(scope["method"], parts) if policy.audit else None
+                action = self.routes.action(scope["method"], parts) if policy.audit else None
                 if policy.audit is not None and action is not None:
                     policy.audit.write(
                         key="",
@@ -368,7 +356,7 @@ class HttpFrontend:
                 return
         scope["sluice.key"] = key
         audit = policy.audit
-        action = http_action(scope["method"], parts) if audit is not None else None
+        action = self.routes.action(scope["method"], parts) if audit is not None else None
         if audit is None or action is None:
             await self(scope, receive, send)
             return
@@ -434,7 +422,7 @@ class HttpFrontend:
         await send({"type": "http.response.body", "body": b""})
 
     async def _generate(
-        self, scope: Scope, receive: Receive, name: str, version: str, stream: bool
+        self, scope: Scope, receive: Receive, name: str, version: str = "", stream: bool = False
     ) -> Result:
         body = await _read_body(receive)
         meta = self.service.model_metadata(name, version)
@@ -452,184 +440,139 @@ class HttpFrontend:
             raise
         raise _Stream(_events(first, responses))
 
-    async def _dispatch(self, scope: Scope, receive: Receive, parts: list[bytes]) -> Result:
-        n = len(parts)
-        if n and parts[-1] == b"" and n > 2:  # tolerate one trailing slash
-            parts.pop()
-            n -= 1
-        method: str = scope["method"]
-        if n in (2, 3) and parts[1] == b"dashboard" and parts[0] == b"":
-            _only(method, "GET")  # the operator's page and its data (dashboard_page.py)
-            return dashboard_route(self.service, parts)
-        if n < 2 or parts[0] != b"" or parts[1] != b"v2":
-            return _error(404, f"no route for {scope['path']}")
-        if parts[-1] == b"infer" and n in (5, 7) and parts[2] == b"models":
-            if n == 7 and parts[4] != b"versions":
-                return _error(404, f"no route for {scope['path']}")
-            _only(method, "POST")
-            return await self._infer(
-                scope, receive, _seg(parts[3]), _seg(parts[5]) if n == 7 else ""
-            )
-        if n == 2:
-            _only(method, "GET")
-            return _json(self.service.server_metadata())
-        head = parts[2]
-        if head == b"health" and n == 4:
-            _only(method, "GET")
-            if parts[3] == b"live":
-                return _OK_EMPTY if self.service.live() else _NOT_READY
-            if parts[3] == b"ready":
-                return _OK_EMPTY if self.service.ready() else _NOT_READY
-        elif head == b"models":
-            if n == 4 and parts[3] == b"stats":
-                _only(method, "GET", "POST")
-                return _json(self.service.model_statistics())
-            if n >= 4:
-                return await self._model_route(scope, receive, parts, n, method)
-        elif head == b"repository":
-            if n == 4 and parts[3] == b"index":
-                _only(method, "GET", "POST")
-                doc = _json_body(await _read_body(receive), "repository index")
-                ready = doc.get("ready", False)
-                if type(ready) is not bool:
-                    raise InvalidArgument(
-                        "the repository index request field 'ready' must be a boolean"
-                    )
-                return _json(_index_rows(self.service.repository_index(ready_only=ready)))
-            if n == 6 and parts[3] == b"models" and parts[5] in (b"load", b"unload"):
-                _only(method, "POST")
-                name = _seg(parts[4])
-                if parts[5] == b"load":
-                    doc = _json_body(await _read_body(receive), "load")
-                    await self.service.load_model(name, _load_params(_params(doc, "load")))
-                else:
-                    doc = _json_body(await _read_body(receive), "unload")
-                    await self.service.unload_model(name, _params(doc, "unload") or None)
-                return _OK_EMPTY
-            if n in (6, 8) and parts[3] == b"models":
-                return await self._version_control(receive, parts, n, method, scope)
-        elif head == b"systemsharedmemory":
-            return await self._system_shm(receive, parts, method, scope)
-        elif head == b"cudasharedmemory":
-            if parts[-1] == b"status" and method == "GET":
-                return _json([])  # no regions (as a Triton without GPUs answers)
-            if parts[-1] == b"unregister" and method == "POST":
-                await _read_body(receive)
-                return _OK_EMPTY  # nothing to unregister: OK, as Triton without GPUs answers
-            return _error(
-                501,
-                "CUDA shared memory is not supported without a GPU: this server has none (use "
-                "system shared memory)",
-            )
-        elif head == b"logging" and n == 3:
-            _only(method, "GET", "POST")
-            if method == "GET":
-                return _json(self.service.log_settings())
-            doc = _json_body(await _read_body(receive), "logging")
-            return _json(self.service.update_log_settings(doc))
-        elif head == b"trace" and n == 4 and parts[3] == b"setting":
-            return await self._trace_setting(receive, method, "")
-        return _error(404, f"no route for {scope['path']}")
+    # ------------------------------------------------------------------ handlers (routes)
+    async def _server_metadata(self, scope: Scope, receive: Receive) -> Result:
+        return _json(self.service.server_metadata())
 
-    async def _version_control(
-        self, receive: Receive, parts: list[bytes], n: int, method: str, scope: Scope
+    async def _live(self, scope: Scope, receive: Receive) -> Result:
+        return _OK_EMPTY if self.service.live() else _NOT_READY
+
+    async def _ready(self, scope: Scope, receive: Receive) -> Result:
+        return _OK_EMPTY if self.service.ready() else _NOT_READY
+
+    async def _all_statistics(self, scope: Scope, receive: Receive) -> Result:
+        return _json(self.service.model_statistics())
+
+    async def _model_metadata(
+        self, scope: Scope, receive: Receive, name: str, version: str = ""
     ) -> Result:
-        # /v2/repository/models/<m>/traffic, /v2/repository/models/<m>/versions/<v>/(un)load
-        name = _seg(parts[4])
-        if n == 6 and parts[5] == b"traffic":
-            _only(method, "GET", "POST")
-            if method == "GET":
-                return _json(self.service.model_traffic(name))
-            doc = _json_body(await _read_body(receive), "traffic")
-            return _json(await self.service.set_model_traffic(name, doc))
-        if n == 8 and parts[5] == b"versions" and parts[7] in (b"load", b"unload"):
-            _only(method, "POST")
-            version = _seg(parts[6])
-            if parts[7] == b"load":
-                doc = _json_body(await _read_body(receive), "load")
-                params = _load_params(_params(doc, "load"))
-                await self.service.load_model_version(name, version, params)
-            else:
-                doc = _json_body(await _read_body(receive), "unload")
-                params = _params(doc, "unload")
-                await self.service.unload_model(name, {**params, "version": version})
-            return _OK_EMPTY
-        return _error(404, f"no route for {scope['path']}")
+        return _json(self.service.model_metadata(name, version))
 
-    async def _system_shm(
-        self, receive: Receive, parts: list[bytes], method: str, scope: Scope
+    async def _model_ready(
+        self, scope: Scope, receive: Receive, name: str, version: str = ""
     ) -> Result:
-        # /v2/systemsharedmemory[/region/<name>]/(status|register|unregister)
-        rest = parts[3:]
-        name = ""
-        if len(rest) == 3 and rest[0] == b"region":
-            name = _seg(rest[1])
-            rest = rest[2:]
-        if len(rest) != 1:
-            return _error(404, f"no route for {scope['path']}")
-        action = rest[0]
-        if action == b"status":
-            _only(method, "GET")
-            return _json(self.service.shm_status(name))
-        if action == b"register" and name:
-            _only(method, "POST")
-            doc = _json_body(await _read_body(receive), "shared memory register")
-            self.service.shm_register(
-                name, doc.get("key", ""), doc.get("offset", 0), doc.get("byte_size", -1)
-            )
-            return _OK_EMPTY
-        if action == b"unregister":
-            _only(method, "POST")
-            await _read_body(receive)
-            self.service.shm_unregister(name)
-            return _OK_EMPTY
-        return _error(404, f"no route for {scope['path']}")
+        return _OK_EMPTY if self.service.model_ready(name, version) else _MODEL_NOT_READY
 
-    async def _model_route(
-        self, scope: Scope, receive: Receive, parts: list[bytes], n: int, method: str
+    async def _model_config(
+        self, scope: Scope, receive: Receive, name: str, version: str = ""
     ) -> Result:
-        # /v2/models/<m>[/versions/<v>][/<action>]
-        name = _seg(parts[3])
-        version = ""
-        rest = parts[4:]
-        if rest and rest[0] == b"versions":
-            if len(rest) < 2:
-                return _error(404, f"no route for {scope['path']}")
-            version = _seg(rest[1])
-            rest = rest[2:]
-        if not rest:
-            _only(method, "GET")
-            return _json(self.service.model_metadata(name, version))
-        if len(rest) == 1:
-            action = rest[0]
-            if action == b"ready":
-                _only(method, "GET")
-                if self.service.model_ready(name, version):
-                    return _OK_EMPTY
-                return _MODEL_NOT_READY
-            if action == b"config":
-                _only(method, "GET")
-                return _json(config_to_json_dict(self.service.model_config(name, version)))
-            if action == b"stats":
-                _only(method, "GET", "POST")
-                return _json(self.service.model_statistics(name, version))
-            if action in (b"generate", b"generate_stream"):
-                _only(method, "POST")
-                return await self._generate(scope, receive, name, version, action != b"generate")
-        elif rest == [b"trace", b"setting"] and not version:
-            return await self._trace_setting(receive, method, name)
-        return _error(404, f"no route for {scope['path']}")
+        return _json(config_to_json_dict(self.service.model_config(name, version)))
 
-    async def _trace_setting(self, receive: Receive, method: str, model: str) -> Result:
+    async def _model_statistics(
+        self, scope: Scope, receive: Receive, name: str, version: str = ""
+    ) -> Result:
+        return _json(self.service.model_statistics(name, version))
+
+    async def _generate_stream(
+        self, scope: Scope, receive: Receive, name: str, version: str = ""
+    ) -> Result:
+        return await self._generate(scope, receive, name, version, True)
+
+    async def _trace_setting(self, scope: Scope, receive: Receive, model: str = "") -> Result:
         # /v2/trace/setting, /v2/models/<m>/trace/setting (the trace extension)
-        _only(method, "GET", "POST")
-        if method == "GET":
+        if scope["method"] == "GET":
             return _pairs(self.service.trace_settings(model))
         doc = _json_body(await _read_body(receive), "trace setting")
         return _pairs(self.service.update_trace_settings(model, doc))
 
+    async def _logging(self, scope: Scope, receive: Receive) -> Result:
+        if scope["method"] == "GET":
+            return _json(self.service.log_settings())
+        doc = _json_body(await _read_body(receive), "logging")
+        return _json(self.service.update_log_settings(doc))
+
+    async def _repository_index(self, scope: Scope, receive: Receive) -> Result:
+        doc = _json_body(await _read_body(receive), "repository index")
+        ready = doc.get("ready", False)
+        if type(ready) is not bool:
+            raise InvalidArgument("the repository index request field 'ready' must be a boolean")
+        return _json(_index_rows(self.service.repository_index(ready_only=ready)))
+
+    async def _load(
+        self, scope: Scope, receive: Receive, name: str, version: str | None = None
+    ) -> Result:
+        doc = _json_body(await _read_body(receive), "load")
+        params = _load_params(_params(doc, "load"))
+        if version is not None:
+            await self.service.load_model_version(name, version, params)
+        else:
+            await self.service.load_model(name, params)
+        return _OK_EMPTY
+
+    async def _unload(
+        self, scope: Scope, receive: Receive, name: str, version: str | None = None
+    ) -> Result:
+        doc = _json_body(await _read_body(receive), "unload")
+        params = _params(doc, "unload")
+        if version is None:
+            await self.service.unload_model(name, params or None)
+        else:
+            await self.service.unload_model(name, {**params, "version": version})
+        return _OK_EMPTY
+
+    async def _traffic(self, scope: Scope, receive: Receive, name: str) -> Result:
+        if scope["method"] == "GET":
+            return _json(self.service.model_traffic(name))
+        doc = _json_body(await _read_body(receive), "traffic")
+        return _json(await self.service.set_model_traffic(name, doc))
+
+    async def _shm_status(self, scope: Scope, receive: Receive, region: str = "") -> Result:
+        return _json(self.service.shm_status(region))
+
+    async def _shm_register(self, scope: Scope, receive: Receive, region: str) -> Result:
+        if not region:  # /v2/systemsharedmemory/region//register names no region
+            return _error(404, f"no route for {scope['path']}")
+        doc = _json_body(await _read_body(receive), "shared memory register")
+        self.service.shm_register(
+            region, doc.get("key", ""), doc.get("offset", 0), doc.get("byte_size", -1)
+        )
+        return _OK_EMPTY
+
+    async def _shm_unregister(self, scope: Scope, receive: Receive, region: str = "") -> Result:
+        await _read_body(receive)
+        self.service.shm_unregister(region)
+        return _OK_EMPTY
+
+    async def _cuda_status(self, scope: Scope, receive: Receive, region: str = "") -> Result:
+        return _json([])  # no regions (as a Triton without GPUs answers)
+
+    async def _cuda_unregister(self, scope: Scope, receive: Receive, region: str = "") -> Result:
+        await _read_body(receive)
+        return _OK_EMPTY  # nothing to unregister: OK, as Triton without GPUs answers
+
+    async def _cuda_register(self, scope: Scope, receive: Receive, region: str = "") -> Result:
+        return _error(
+            501,
+            "CUDA shared memory is not supported without a GPU: this server has none (use "
+            "system shared memory)",
+        )
+
+    async def _cuda_other(self, scope: Scope, receive: Receive, rest: str) -> Result:
+        leaf = rest.rpartition("/")[2]
+        if leaf == "status" and scope["method"] == "GET":
+            return await self._cuda_status(scope, receive)
+        if leaf == "unregister" and scope["method"] == "POST":
+            return await self._cuda_unregister(scope, receive)
+        return await self._cuda_register(scope, receive)
+
+    async def _dashboard(self, scope: Scope, receive: Receive, file: str = "") -> Result:
+        return dashboard_file(file)
+
+    async def _dashboard_data(self, scope: Scope, receive: Receive) -> Result:
+        return dashboard_data(self.service)
+
     async def _infer(
-        self, scope: Scope, receive: Receive, model: str, version: str, trace: Any = None
+        self, scope: Scope, receive: Receive, model: str, version: str = "", trace: Any = None
     ) -> Result:
         body = await _read_body(receive)
         received_ns = time.monotonic_ns()
@@ -663,11 +606,6 @@ class HttpFrontend:
                 out = gzip.compress(out, 6) if enc == b"gzip" else zlib.compress(out)
                 headers.append((b"content-encoding", enc))
         return 200, out, headers
-
-
-def _only(method: str, *allowed: str) -> None:
-    if method not in allowed:
-        raise _MethodNotAllowed(", ".join(allowed))
 
 
 def _load_params(params: dict[str, Any]) -> dict[str, Any] | None:

@@ -564,6 +564,10 @@ def _restore_quietly(tuner: _Tuner) -> str:
 
 
 def run_tune(ns: argparse.Namespace) -> int:
+    from ..perf import require_extra
+
+    if code := require_extra("sluice tune"):
+        return code
     budget = ns.latency_budget_ms
     try:
         if not budget > 0:

@@ -181,19 +181,16 @@ class _Progress:
     def __init__(self, total: int | None, enabled: bool) -> None:
         self.bar: Any = None
         if enabled:
-            try:
-                from tqdm import tqdm
+            from tqdm import tqdm  # the perf extra (checked by run_perf)
 
-                self.bar = tqdm(
-                    total=total,
-                    unit="level",
-                    file=sys.stderr,
-                    disable=None,
-                    dynamic_ncols=True,
-                    leave=False,
-                )
-            except ImportError:  # pragma: no cover - tqdm is a dependency
-                self.bar = None
+            self.bar = tqdm(
+                total=total,
+                unit="level",
+                file=sys.stderr,
+                disable=None,
+                dynamic_ncols=True,
+                leave=False,
+            )
         self.level: float | None = None
 
     def window(self, level: float, trial: int, w: WindowStats | None) -> None:
@@ -230,7 +227,10 @@ class _ReportingRunner(Runner):
 
 
 def run_perf(ns: argparse.Namespace) -> int:
-    from . import report
+    from . import report, require_extra
+
+    if code := require_extra("sluice perf"):
+        return code
 
     try:
         mo, io = measure_options(ns)

@@ -45,6 +45,8 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from .stats import LATE_NS
+
 __all__ = ["GrpcConn", "LATE_NS", "grpc_message", "request_headers"]
 
 METHOD_PATH = b"/inference.GRPCInferenceService/ModelInfer"
@@ -52,7 +54,6 @@ _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _MAX_WINDOW = 2**31 - 1
 _DEFAULT_WINDOW = 65_535
 _REFILL_AT = 2**30  # give the connection receive window back once this much arrived
-LATE_NS = 1_000_000  # a send this late after its scheduled time is counted as delayed
 _now = time.perf_counter_ns
 _pack_sid = struct.Struct(">I").pack_into  # stream id field of a frame header (R bit 0)
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "LATE_NS",
     "SAMPLE_FIELDS",
     "Samples",
     "WindowStats",
@@ -37,6 +38,8 @@ __all__ = [
     "diff_server_stats",
     "STABILITY_WINDOWS",
 ]
+
+LATE_NS = 1_000_000  # a send this late after its scheduled time is counted as delayed
 
 STABILITY_WINDOWS = 3  # perf_analyzer's stability window count
 PERCENTILES = (50, 90, 95, 99)

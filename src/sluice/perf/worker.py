@@ -32,10 +32,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..host.timer import DeadlineTimer
-from .grpc_conn import LATE_NS, GrpcConn, grpc_message, request_headers
+from .stats import LATE_NS
+
+if TYPE_CHECKING:  # imported when a worker speaks gRPC: hpack/hyperframe are the perf extra's
+    from .grpc_conn import GrpcConn
 
 __all__ = ["WorkerConfig", "worker_main", "LATE_NS"]
 
@@ -60,8 +63,12 @@ class _Worker:
         self.loop = asyncio.get_running_loop()
         self.rec = array("q")
         self.payloads: list[Any]
+        self.gblock = b""  # gRPC: the request's header block (HPACK)
         if cfg.protocol == "grpc":
+            from .grpc_conn import grpc_message, request_headers
+
             self.payloads = [grpc_message(p) for p in cfg.payloads]
+            self.gblock = request_headers(f"{cfg.host}:{cfg.port}", cfg.api_key)
         else:  # (header block, body): sent as two writes
             cut = [p.index(b"\r\n\r\n") + 4 for p in cfg.payloads]
             self.payloads = [(p[:i], p[i:]) for p, i in zip(cfg.payloads, cut, strict=True)]
@@ -84,7 +91,6 @@ class _Worker:
         self.grpc = cfg.protocol == "grpc"
         self.gconn: GrpcConn | None = None
         self.gconnecting: asyncio.Future[GrpcConn] | None = None
-        self.gblock = request_headers(f"{cfg.host}:{cfg.port}", cfg.api_key)
 
     # ------------------------------------------------------------------ payloads / records
     def next_payload(self) -> Any:
@@ -111,6 +117,8 @@ class _Worker:
         if self.gconn is not None and not self.gconn.closed:
             return self.gconn
         if self.gconnecting is None:
+            from .grpc_conn import GrpcConn
+
             self.gconnecting = fut = self.loop.create_future()
             try:
                 _, c = await self.loop.create_connection(

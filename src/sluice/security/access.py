@@ -3,8 +3,9 @@
 Rules of this file:
 - One classification of every endpoint into Triton's API groups (``health``, ``metadata``,
   ``inference``, ``shared-memory``, ``model-config``, ``model-repository``, ``statistics``,
-  ``trace``, ``logging``), used by both front-ends: ``http_group`` (the path split on ``/``)
-  and ``GRPC_GROUPS`` (method name).
+  ``trace``, ``logging``), used by both front-ends: HTTP's is the route table's
+  (``protocol.http_routes``, read by ``http_group``: no path parsing here), gRPC's is
+  ``GRPC_GROUPS`` (method name).
 - ``Guard`` is built only when something is configured; a front-end holding ``None`` pays one
   ``is not None`` test per request and nothing else.
 - The order of checks: Triton's restriction of the group (as Triton answers it: HTTP 403
@@ -29,6 +30,19 @@ from typing import Any, TypeVar
 
 from ..config import Restriction, ServerConfig
 from ..errors import ServerError, Status
+from ..protocol.http_routes import (
+    GROUPS,
+    HEALTH,
+    INFERENCE,
+    LOGGING,
+    METADATA,
+    MODEL_CONFIG,
+    MODEL_REPOSITORY,
+    ROUTES,
+    SHARED_MEMORY,
+    STATISTICS,
+    TRACE,
+)
 from .audit import AuditLog, grpc_action, outcome
 from .keys import KeyFileError, KeyRing
 
@@ -48,27 +62,6 @@ __all__ = [
     "http_group",
     "parse_restrictions",
 ]
-
-HEALTH = "health"
-METADATA = "metadata"
-INFERENCE = "inference"
-SHARED_MEMORY = "shared-memory"
-MODEL_CONFIG = "model-config"
-MODEL_REPOSITORY = "model-repository"
-STATISTICS = "statistics"
-TRACE = "trace"
-LOGGING = "logging"
-GROUPS = (
-    HEALTH,
-    METADATA,
-    INFERENCE,
-    SHARED_MEMORY,
-    MODEL_CONFIG,
-    MODEL_REPOSITORY,
-    STATISTICS,
-    TRACE,
-    LOGGING,
-)
 
 # Triton checks a gRPC restriction's header under this prefix (measured on 2.51)
 GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
@@ -97,47 +90,11 @@ GRPC_GROUPS: dict[str, str] = {
     "ModelTraffic": MODEL_REPOSITORY,  # sluice.Operations
 }
 
-_MODEL_ACTIONS: dict[bytes, str] = {
-    b"ready": HEALTH,
-    b"config": MODEL_CONFIG,
-    b"stats": STATISTICS,
-    b"infer": INFERENCE,
-    b"generate": INFERENCE,
-    b"generate_stream": INFERENCE,
-    b"trace": TRACE,
-}
-
-_HEADS: dict[bytes, str] = {
-    b"health": HEALTH,
-    b"repository": MODEL_REPOSITORY,
-    b"systemsharedmemory": SHARED_MEMORY,
-    b"cudasharedmemory": SHARED_MEMORY,
-    b"logging": LOGGING,
-    b"trace": TRACE,
-}
-
 
 def http_group(parts: Sequence[bytes]) -> str | None:
-    """The API group of an HTTP path split on ``/`` (``["", "v2", ...]``); None for a path
-    that is no endpoint (it answers 404 whoever asks)."""
-    n = len(parts)
-    if n >= 2 and parts[1] == b"dashboard":  # the page is open; its data is statistics
-        return STATISTICS if n == 3 and parts[2] == b"data" else None
-    if n < 2 or parts[0] != b"" or parts[1] != b"v2":
-        return None
-    if n == 2 or (n == 3 and parts[2] == b""):
-        return METADATA
-    head = parts[2]
-    if head != b"models":
-        return _HEADS.get(head)
-    if n == 4 and parts[3] == b"stats":
-        return STATISTICS
-    rest = [p for p in parts[4:] if p]
-    if rest and rest[0] == b"versions":
-        rest = rest[2:]
-    if not rest:
-        return METADATA if n >= 4 else None
-    return _MODEL_ACTIONS.get(rest[0])
+    """The API group of an HTTP path split on ``/`` (``["", "v2", ...]``), from the route
+    table; None for a path that is no endpoint (it answers 404 whoever asks) or an open one."""
+    return ROUTES.group(list(parts))
 
 
 class AccessDenied(ServerError):

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["AuditLog", "outcome"]
+from ..protocol.http_routes import ROUTES
+
+__all__ = ["AuditLog", "grpc_action", "http_action", "outcome"]
 
 
 def outcome(exc: BaseException | None) -> str:
@@ -98,45 +100,10 @@ class AuditLog:
                 self._file = None
 
 
-def _seg(raw: bytes) -> str:
-    from urllib.parse import unquote
-
-    s = raw.decode("utf-8", "surrogateescape")
-    return unquote(s) if "%" in s else s
-
-
-def http_action(method: str, parts: list[bytes]) -> tuple[str, dict[str, str]] | None:
+def http_action(method: str, parts: list[bytes]) -> tuple[str, dict[str, Any]] | None:
     """The control action of an HTTP request (path split on ``/``) as ``(action, fields)``,
-    or None when the request changes nothing."""
-    if method != "POST" or len(parts) < 3 or parts[1] != b"v2":
-        return None
-    p = [x for x in parts[2:] if x]
-    n = len(p)
-    head = p[0] if p else b""
-    if head == b"repository" and n >= 4 and p[1] == b"models":
-        model = _seg(p[2])
-        if n == 4 and p[3] in (b"load", b"unload"):
-            return p[3].decode(), {"model": model}
-        if n == 4 and p[3] == b"traffic":
-            return "traffic", {"model": model}
-        if n == 6 and p[3] == b"versions" and p[5] in (b"load", b"unload"):
-            return p[5].decode(), {"model": model, "version": _seg(p[4])}
-        return None
-    if head in (b"systemsharedmemory", b"cudasharedmemory") and p[-1] in (
-        b"register",
-        b"unregister",
-    ):
-        kind = "system" if head == b"systemsharedmemory" else "cuda"
-        region = _seg(p[2]) if n == 4 and p[1] == b"region" else ""
-        return f"shm-{p[-1].decode()}", {"kind": kind, "region": region}
-    if head == b"logging" and n == 1:
-        return "log-settings", {}
-    if p[-2:] == [b"trace", b"setting"]:
-        if n == 2:
-            return "trace-settings", {}
-        if n == 4 and head == b"models":
-            return "trace-settings", {"model": _seg(p[1])}
-    return None
+    or None when the request changes nothing: the route table's (``protocol.http_routes``)."""
+    return ROUTES.action(method, parts)
 
 
 def grpc_action(method: str, request: Any) -> tuple[str, dict[str, str]] | None:
