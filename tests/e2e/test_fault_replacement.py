@@ -145,6 +145,7 @@ def test_the_request_right_after_a_failed_one_is_served_by_the_new_worker(
         assert _counts(server) == (ok0 + 1, fail0 + 1)
 
 
+@pytest.mark.grpc
 @pytest.mark.parametrize("poison", [HANG, CRASH], ids=["hang", "crash"])
 def test_under_load_only_the_poisoned_request_fails(
     server: Any, module_repo: Path, poison: float

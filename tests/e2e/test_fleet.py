@@ -41,7 +41,9 @@ pytestmark = [
         shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
         reason="nginx is not installed (scripts/install-system-deps)",
     ),
-    pytest.mark.grpc,
+    # not marked grpc: the fleet runs on the default (native) edge; on grpc.aio one call in
+    # ~1,000 was seen CANCELLED at a replica's SIGTERM when the machine was loaded (not
+    # reproduced alone), so the aio edge is not claimed for a fleet behind nginx
 ]
 
 MODEL = "m"
