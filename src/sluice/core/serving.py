@@ -18,7 +18,7 @@ Rules of this file:
 
 Usage::
 
-    serving = Serving(manager.records)
+    serving = Serving(registry, cache)
     response = await serving.infer(request)
     async for response in serving.infer_stream(request):
         ...
@@ -47,7 +47,7 @@ from ..protocol.datatypes import numpy_to_kserve
 from ..repository import layout
 from ..types import InferRequest, InferResponse
 from .cache import ResponseCache
-from .registry import ModelRecord, ServingVersion
+from .registry import Registry, ServingVersion
 from .validation import check_request
 
 __all__ = ["Serving", "DECOUPLED_REFUSED"]
@@ -70,15 +70,16 @@ def _int_param(params: dict[str, Any], key: str) -> int:
 
 
 class Serving:
-    def __init__(self, records: dict[str, ModelRecord], cache: ResponseCache | None = None) -> None:
-        self.records = records  # the manager's: it adds and swaps, we only read
+    def __init__(self, registry: Registry, cache: ResponseCache | None = None) -> None:
+        self.registry = registry  # the manager writes it; we only read
+        self._records = registry.by_name
         self.cache = cache  # the response cache, for the versions that enable it
 
     # ---------------------------------------------------------------- lookups
     def get(self, name: str, version: str = "") -> ServingVersion:
         """The version that serves ``name``/``version``; raises NotFound with Triton's texts
         (plus the state and reason when the model is known but not serving)."""
-        rec = self.records.get(name)
+        rec = self._records.get(name)
         if version:
             try:
                 v = int(version)
@@ -104,7 +105,7 @@ class Serving:
         """The version a request goes to: the one it names, else the traffic split's choice
         (``core/traffic.py``), else the highest serving version."""
         if not version:
-            rec = self.records.get(name)
+            rec = self._records.get(name)
             if rec is not None:
                 split = rec.split
                 if split is not None:
@@ -116,7 +117,7 @@ class Serving:
 
     def _not_serving(self, name: str) -> ServerError:
         layout.check_model_name(name)
-        rec = self.records.get(name)
+        rec = self._records.get(name)
         if rec is not None and rec.states:
             state, reason = rec.states.get(-1) or next(iter(rec.states.values()))
             detail = f"; state {state}" + (f": {reason}" if reason else "")
