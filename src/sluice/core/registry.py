@@ -250,8 +250,13 @@ class Registry:
         self._records.pop(name, None)
 
     def publish(self, name: str, serving: dict[int, ServingVersion]) -> None:
-        """Make ``serving`` the serving set of ``name`` in one assignment (``{}``: none)."""
-        self.record(name).set_serving(serving)
+        """Make ``serving`` the serving set of ``name`` in one assignment (``{}``: none); the
+        statistics of its versions are kept by version (a later load of the same version
+        passes them on: they stay cumulative, as in Triton)."""
+        rec = self.record(name)
+        for v, sv in serving.items():
+            rec.stats[v] = sv.stats
+        rec.set_serving(serving)
 
     def retire(self, name: str, version: int) -> ServingVersion | None:
         """Take ``version`` out of the serving set (new requests no longer find it); returns

@@ -452,6 +452,7 @@ class ModelManager:
                     settings,
                     serving=self.serving,
                 )
+                # cumulative across reloads: the registry keeps them when it is published
                 stats = rec.stats.get(v) or ModelStats(name, str(v))
                 new[v] = await start_version(
                     spec,
@@ -462,7 +463,6 @@ class ModelManager:
                     generation=next(self._generations),
                     cache=self.serving.cache is not None,
                 )
-                rec.stats[v] = stats
         except BaseException as exc:
             await asyncio.gather(*(i.stop() for i in started), return_exceptions=True)
             for v in selected:
