@@ -17,13 +17,14 @@ from sluice.core.registry import Registry, ServingVersion
 from sluice.core.serving import Serving
 from sluice.core.stats import ModelStats
 from sluice.errors import InvalidArgument, NotFound
+from sluice.protocol import grpc_codec
 from sluice.scheduling.scheduler import Scheduler
 from sluice.types import InferRequest, InferResponse
 
 CONFIG = """
 name: "doubler" backend: "python" max_batch_size: 4
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ DIMS ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ DIMS ] } ]
 """
 
 
@@ -49,8 +50,8 @@ class FakeInstance:
         self.stopped = True
 
 
-def _spec(version: int) -> ModelSpec:
-    config = text_format.Parse(CONFIG, mc.ModelConfig())
+def _spec(version: int, dims: int = 2) -> ModelSpec:
+    config = text_format.Parse(CONFIG.replace("DIMS", str(dims)), mc.ModelConfig())
     here = Path("/nonexistent/doubler")
     return ModelSpec("doubler", version, here, here / str(version), config, here.parent)
 
@@ -96,5 +97,41 @@ def test_serving_infers_through_a_scheduler_over_a_fake_instance() -> None:
         await sv.scheduler.drain()
         await sv.scheduler.stop()
         assert inst.stopped
+
+    asyncio.run(scenario())
+
+
+def test_a_layouts_validation_is_not_reused_for_another_version() -> None:
+    """Requests decoded from one learned gRPC layout share their validation answer, but only
+    for the version it was given for: after a swap to a version whose config differs, the
+    same layout is checked again (and refused, naming the input), never served from the
+    old answer."""
+
+    async def scenario() -> None:
+        registry = Registry()
+        serving = Serving(registry)
+        inst = FakeInstance()
+        v1 = ServingVersion.build(_spec(1, dims=2), [inst], ModelStats("doubler", "1"))
+        registry.publish("doubler", {1: v1})
+        data = np.array([[1.0, 2.0]], np.float32)
+        payload = grpc_codec.encode_infer_request("doubler", {"IN": data}).SerializeToString()
+        grpc_codec.read_model_infer(payload)  # the first one teaches the layout
+        for _ in range(2):
+            req = grpc_codec.read_model_infer(payload)
+            assert req.signature is not None  # decoded from the learned layout
+            response = await serving.infer(req)
+            np.testing.assert_array_equal(response.outputs["OUT"], data * 2)
+        assert len(inst.batches) == 2
+
+        other = FakeInstance()
+        v2 = ServingVersion.build(_spec(2, dims=3), [other], ModelStats("doubler", "2"))
+        registry.publish("doubler", {2: v2})  # the swap: version 1 no longer serves
+        req = grpc_codec.read_model_infer(payload)
+        assert req.signature is not None
+        with pytest.raises(InvalidArgument, match=r"unexpected shape for input 'IN'.*\[-1,3\]"):
+            await serving.infer(req)
+        assert other.batches == []
+        for sv in (v1, v2):
+            await sv.scheduler.stop()
 
     asyncio.run(scenario())
