@@ -469,7 +469,20 @@ class ModelManager:
                 if v not in rec.serving:
                     self.registry.set_state(name, v, UNAVAILABLE, str(exc))
             raise
-        load_secs = time.monotonic() - t0
+        await self._swap_in(rec, new, only, composing, time.monotonic() - t0, why)
+
+    async def _swap_in(
+        self,
+        rec: ModelRecord,
+        new: dict[int, ServingVersion],
+        only: int | None,
+        composing: list[str],
+        load_secs: float,
+        why: str,
+    ) -> None:
+        """Publish the prepared versions (beside the others with ``only``) in one swap, then
+        retire the versions they replace: drained, then stopped."""
+        name = rec.name
         for sv in new.values():
             sv.stats.load_duration_secs = load_secs
         old = rec.serving
