@@ -5,6 +5,7 @@ the web stack (tritonclient's generated protobuf schemas are data, not transport
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "sluice"
@@ -204,6 +205,19 @@ def test_what_serves_is_read_through_the_registry():
         if any(r in line for r in reach)
     ]
     assert bad == []
+    # the registry's writes come from the repository's procedures only
+    writes = re.compile(
+        r"registry\.(publish|retire|set_state|set_states|drop_state|set_traffic|forget)\("
+    )
+    writers = sorted(
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if p.relative_to(SRC).parts[0] != "repository"
+        and p != SRC / "core" / "registry.py"  # its usage example
+        and writes.search(p.read_text())
+    )
+    assert writers == []
+    assert writes.search((SRC / "repository" / "manager.py").read_text())
     # and ``repository/versions.py`` drives the manager through its public methods only
     versions = (SRC / "repository" / "versions.py").read_text()
     assert "manager._" not in versions
