@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 async def run(n: int, concurrencies: list[int], model: str) -> None:
     from sluice.config import ServerConfig
-    from sluice.repository.manager import ModelManager
-    from sluice.service import InferenceService
+    from sluice.server import build
     from sluice.types import InferRequest
 
     cfg = ServerConfig(
@@ -31,8 +30,7 @@ async def run(n: int, concurrencies: list[int], model: str) -> None:
         control_mode="explicit",
         load_models=(model,),
     )
-    manager = ModelManager(cfg)
-    service = InferenceService(cfg, manager)
+    _registry, manager, service = build(cfg)
     await manager.startup()
     a = np.ones((1, 4), np.float32)
 

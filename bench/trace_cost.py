@@ -77,8 +77,7 @@ async def core_cost(work: Path, n: int, rounds: int) -> list[tuple[float, float]
     through ``InferenceService.infer``, untraced vs traced (a front-end's stamps included),
     interleaved rounds. The python worker's CPU is not counted; the tracing is all here."""
     from sluice.config import ServerConfig
-    from sluice.repository.manager import ModelManager
-    from sluice.service import InferenceService
+    from sluice.server import build
     from sluice.tracing import split_flag
     from sluice.types import InferRequest
 
@@ -89,8 +88,7 @@ async def core_cost(work: Path, n: int, rounds: int) -> list[tuple[float, float]
         load_models=("add_sub",),
         trace_config=tuple(split_flag(f) for f in flags),
     )
-    manager = ModelManager(cfg)
-    service = InferenceService(cfg, manager)
+    _registry, manager, service = build(cfg)
     await manager.startup()
     tracer = service.tracer
     a = np.ones((1, 4), np.float32)

@@ -20,6 +20,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .config import GrpcEdge, ServerConfig
+from .core.cache import ResponseCache
+from .core.registry import Registry
+from .core.serving import Serving
 from .errors import ServerError
 from .host.gcsettings import tune_gc
 from .observability.logsettings import LogSettings, setup_logging
@@ -28,16 +31,27 @@ from .security.access import build_policy
 from .security.keys import KeyFileError, KeyRing
 from .service import InferenceService
 
-__all__ = ["Server", "run"]
+__all__ = ["Server", "build", "run"]
 
 log = logging.getLogger("sluice")
+
+
+def build(
+    config: ServerConfig, logs: LogSettings | None = None
+) -> tuple[Registry, ModelManager, InferenceService]:
+    """What serves (the registry), its one writer (the manager) and the facade both
+    front-ends call, over one request path (``Serving``) and one response cache."""
+    registry = Registry()
+    cache = ResponseCache(config.cache_size_bytes) if config.cache_size_bytes else None
+    serving = Serving(registry, cache)
+    manager = ModelManager(config, registry, serving)
+    return registry, manager, InferenceService(config, manager, registry, serving, logs)
 
 
 class Server:
     def __init__(self, config: ServerConfig, logs: LogSettings | None = None) -> None:
         self.config = config
-        self.manager = ModelManager(config)
-        self.service = InferenceService(config, self.manager, logs)
+        self.registry, self.manager, self.service = build(config, logs)
         self._stop = asyncio.Event()
         self._http: Any = None
         self._metrics: Any = None
@@ -119,7 +133,7 @@ class Server:
             await self._start_grpc()
         if cfg.allow_metrics:
             self._metrics, task, self.metrics_port = await start_http_server(
-                metrics_app(self.manager, cfg.allow_cpu_metrics),
+                metrics_app(self.registry, self.service.serving.cache, cfg.allow_cpu_metrics),
                 cfg.metrics_address,
                 cfg.metrics_port,
                 timeout_graceful_shutdown=1,

@@ -15,7 +15,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import __version__
 from .config import ControlMode, ServerConfig
-from .core.registry import ServingVersion, TensorInfo
+from .core.registry import Registry, ServingVersion, TensorInfo
+from .core.serving import Serving
 from .core.shared_memory import SharedMemoryRegistry
 from .errors import InvalidArgument, ServerError, Unavailable, bad_version
 from .observability.events import ControlEvents
@@ -50,17 +51,23 @@ _NOT_READY = "Server is not ready: inference is refused until it is (--traffic-f
 
 class InferenceService:
     def __init__(
-        self, config: ServerConfig, manager: ModelManager, logs: LogSettings | None = None
+        self,
+        config: ServerConfig,
+        manager: ModelManager,
+        registry: Registry,
+        serving: Serving,
+        logs: LogSettings | None = None,
     ) -> None:
         self.config = config
-        self.manager = manager
+        self.manager = manager  # load / unload / readiness
+        self.registry = registry  # what serves (read only)
         self.shm = SharedMemoryRegistry()  # the system shared memory extension
         # the settings that the server's log handler filters with (logging extension)
         self.logs = logs or LogSettings(log_verbose_level=config.log_verbose)
-        self.serving = manager.serving
+        self.serving = serving
         # --model-control-state: recorded after every control call, restored at start
         self.control_state = (
-            ControlState(Path(config.model_control_state), manager)
+            ControlState(Path(config.model_control_state), manager, registry)
             if config.model_control_state
             else None
         )
@@ -105,7 +112,6 @@ class InferenceService:
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         sv = self._serving(name, version)
-        rec = self.manager.records[name]
         cfg = sv.config
         batch = (-1,) if sv.max_batch_size > 0 else ()
 
@@ -117,7 +123,7 @@ class InferenceService:
 
         return {
             "name": name,
-            "versions": [str(v) for v in sorted(rec.serving)],
+            "versions": [str(v) for v in self.registry.versions(name)],
             "platform": cfg.platform or cfg.backend,
             "inputs": tensors(sv.inputs),
             "outputs": tensors(sv.outputs),
@@ -347,20 +353,13 @@ class InferenceService:
         if not model:
             return
         check_model_name(model)
-        rec = self.manager.records.get(model)
-        if rec is None or not rec.serving:  # Triton's words (and 400) for a model not loaded
+        if not self.registry.versions(model):  # Triton's words (and 400) for a model not loaded
             raise InvalidArgument(f"Request for unknown model : {model}")
 
     # --- statistics -----------------------------------------------------------
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         if not name:
-            stats = [
-                st.as_dict()
-                for rec in self.manager.records.values()
-                for v, st in sorted(rec.stats.items())
-                if v in rec.serving
-            ]
-            return {"model_stats": stats}
+            return {"model_stats": [st.as_dict() for st in self.registry.serving_stats()]}
         check_model_name(name)
         if version and not version.isdigit():
             raise bad_version(name, version)
@@ -374,5 +373,4 @@ class InferenceService:
             raise InvalidArgument(f"requested model '{name}' is not available") from None
         if version:
             return {"model_stats": [sv.stats.as_dict()]}
-        rec = self.manager.records[name]
-        return {"model_stats": [rec.stats[v].as_dict() for v in sorted(rec.serving)]}
+        return {"model_stats": [st.as_dict() for st in self.registry.serving_stats(name)]}

@@ -58,7 +58,7 @@ class InferRequest:
     trace: Any = None
     # The message layout it was decoded from (``protocol.infer_layout.Layout``), where the
     # codec knew one: requests of one layout share names, datatypes and shapes, so the
-    # serving path keeps its validation result there
+    # serving path keys its validation result by it
     signature: Any = None
 
 

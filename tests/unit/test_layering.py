@@ -5,6 +5,7 @@ the web stack (tritonclient's generated protobuf schemas are data, not transport
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "sluice"
@@ -188,3 +189,35 @@ def test_no_arrows_back_up():
         if any(dep == h or dep.startswith(h + ".") for h in highs)
     ]
     assert bad == []
+
+
+def test_what_serves_is_read_through_the_registry():
+    """Outside ``repository/`` (the manager and the procedures that drive it) and
+    ``server.py`` (which builds everything), nothing reaches into the manager's records or
+    private methods: readers hold the registry (``core/registry.py``)."""
+    allowed = {"server.py"}
+    reach = ("manager.records", "manager._", ".manager.records", "manager.serving.")
+    bad = [
+        (str(p.relative_to(SRC)), line.strip())
+        for p in SRC.rglob("*.py")
+        if p.relative_to(SRC).parts[0] != "repository" and str(p.relative_to(SRC)) not in allowed
+        for line in p.read_text().splitlines()
+        if any(r in line for r in reach)
+    ]
+    assert bad == []
+    # the registry's writes come from the repository's procedures only
+    writes = re.compile(
+        r"registry\.(publish|retire|set_state|set_states|drop_state|set_traffic|forget)\("
+    )
+    writers = sorted(
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if p.relative_to(SRC).parts[0] != "repository"
+        and p != SRC / "core" / "registry.py"  # its usage example
+        and writes.search(p.read_text())
+    )
+    assert writers == []
+    assert writes.search((SRC / "repository" / "manager.py").read_text())
+    # and ``repository/versions.py`` drives the manager through its public methods only
+    versions = (SRC / "repository" / "versions.py").read_text()
+    assert "manager._" not in versions

@@ -1,16 +1,41 @@
-"""Model and version records held by the manager, and the state names of the index."""
+"""The registry: what serves now (one record per model: its serving versions, their states
+for the index, its traffic split), the state names of the index, and how a serving version
+is built from a config and started instances.
+
+Rules of this file:
+- The registry is written only through its write methods (``publish``, ``retire``,
+  ``set_state``, ``set_states``, ``drop_state``, ``set_traffic``, ``record``, ``forget``),
+  called by the manager's load / unload / poll procedures (``repository/manager.py``,
+  ``repository/versions.py``). Everyone else (the request path, the service, metrics, the
+  dashboard, the control file) only reads, through the read methods.
+- A serving set is replaced in one assignment (``publish``): a request finds either the old
+  set or the new one, never a mix.
+- A ``ModelRecord``'s bookkeeping of loads (lock, directory signature, overrides, dependents)
+  belongs to the manager; readers look at ``serving``, ``states``, ``split`` and ``stats``.
+- ``ServingVersion.build`` needs no manager: a config, started instances and statistics make
+  a version that ``core.serving.Serving`` can serve (unit tests drive it with fake instances).
+
+Usage::
+
+    registry = Registry()
+    serving = Serving(registry)
+    registry.publish("m", {1: ServingVersion.build(spec, instances, ModelStats("m", "1"))})
+    response = await serving.infer(request)
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ModelSpec
+from ..backends.base import ModelInstance, ModelSpec
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..scheduling.scheduler import Scheduler
+from ..scheduling.sequence import SequenceScheduler
 from .stats import ModelStats
 from .traffic import TrafficSplit
 
@@ -23,6 +48,7 @@ __all__ = [
     "ServingVersion",
     "ModelRecord",
     "Override",
+    "Registry",
 ]
 
 # (path, mtime_ns, size) of every entry under a model's directory
@@ -81,6 +107,44 @@ class ServingVersion:
     def config(self) -> mc.ModelConfig:
         return self.spec.config
 
+    @classmethod
+    def build(
+        cls,
+        spec: ModelSpec,
+        instances: list[ModelInstance],
+        stats: ModelStats,
+        *,
+        generation: int = 0,
+        cache: bool = False,
+    ) -> ServingVersion:
+        """The serving version of ``spec`` over started ``instances``: its scheduler (the
+        sequence batcher when the config has one), tensor tables and flags. ``cache``: the
+        server has a response cache (the version uses it if its config enables it)."""
+        config = spec.config
+        name, v = spec.name, str(spec.version)
+        sequence = config.HasField("sequence_batching")
+        scheduler = (
+            SequenceScheduler(name, v, config, instances, stats, spec.model_dir)
+            if sequence
+            else Scheduler(name, v, config, instances, stats)
+        )
+        inputs = tensor_infos(list(config.input))
+        decoupled = config.model_transaction_policy.decoupled
+        return cls(
+            spec=spec,
+            scheduler=scheduler,
+            stats=stats,
+            inputs=inputs,
+            outputs=tensor_infos(list(config.output)),
+            required_inputs=frozenset(n for n, t in inputs.items() if not t.optional),
+            max_batch_size=config.max_batch_size,
+            version_str=v,
+            generation=generation,
+            decoupled=decoupled,
+            # Triton: only the default and dynamic batchers use the cache
+            cached=cache and config.response_cache.enable and not decoupled and not sequence,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Override:
@@ -130,3 +194,93 @@ class ModelRecord:
         return bool(self.serving) or any(
             state in (LOADING, UNLOADING) for state, _ in self.states.values()
         )
+
+
+class Registry:
+    """The models and versions serving now, by name; see the rules at the top of the file."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, ModelRecord] = {}
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def by_name(self) -> Mapping[str, ModelRecord]:
+        """The records by name, read-only (the mapping itself, not a copy: the request path
+        looks names up here at the cost of a dict lookup)."""
+        return self._records
+
+    def get(self, name: str) -> ModelRecord | None:
+        return self._records.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._records
+
+    def records(self) -> list[ModelRecord]:
+        """Every record, in the order the names were first seen (a copy: safe to iterate
+        while loads change the registry)."""
+        return list(self._records.values())
+
+    def versions(self, name: str) -> list[int]:
+        """The serving versions of ``name``, ascending (none if it is not serving)."""
+        rec = self._records.get(name)
+        return sorted(rec.serving) if rec is not None else []
+
+    def serving_version(self, name: str, version: int) -> ServingVersion | None:
+        rec = self._records.get(name)
+        return rec.serving.get(version) if rec is not None else None
+
+    def all_serving(self) -> list[ServingVersion]:
+        return [sv for rec in self.records() for sv in rec.serving.values()]
+
+    def serving_stats(self, name: str | None = None) -> list[ModelStats]:
+        """The statistics of the serving versions (of ``name``, or of every model), by model
+        then ascending version; cumulative across reloads, as in Triton."""
+        recs = self.records() if name is None else [r for r in [self.get(name)] if r is not None]
+        return [st for rec in recs for v, st in sorted(rec.stats.items()) if v in rec.serving]
+
+    # ----------------------------------------------------------------- writes
+    def record(self, name: str) -> ModelRecord:
+        """The record of ``name``, made if there is none yet."""
+        rec = self._records.get(name)
+        if rec is None:
+            rec = self._records[name] = ModelRecord(name)
+        return rec
+
+    def forget(self, name: str) -> None:
+        self._records.pop(name, None)
+
+    def publish(self, name: str, serving: dict[int, ServingVersion]) -> None:
+        """Make ``serving`` the serving set of ``name`` in one assignment (``{}``: none); the
+        statistics of its versions are kept by version (a later load of the same version
+        passes them on: they stay cumulative, as in Triton)."""
+        rec = self.record(name)
+        for v, sv in serving.items():
+            rec.stats[v] = sv.stats
+        rec.set_serving(serving)
+
+    def retire(self, name: str, version: int) -> ServingVersion | None:
+        """Take ``version`` out of the serving set (new requests no longer find it); returns
+        it for the caller to drain and stop."""
+        rec = self._records.get(name)
+        if rec is None or version not in rec.serving:
+            return None
+        sv = rec.serving[version]
+        rec.set_serving({v: s for v, s in rec.serving.items() if v != version})
+        return sv
+
+    def set_state(self, name: str, version: int, state: str, reason: str = "") -> None:
+        """The index entry of ``version`` (-1: the model as a whole)."""
+        self.record(name).states[version] = (state, reason)
+
+    def set_states(self, name: str, states: dict[int, tuple[str, str]]) -> None:
+        """Replace every index entry of ``name``."""
+        self.record(name).states = dict(states)
+
+    def drop_state(self, name: str, version: int) -> None:
+        rec = self._records.get(name)
+        if rec is not None:
+            rec.states.pop(version, None)
+
+    def set_traffic(self, name: str, split: TrafficSplit[ServingVersion] | None) -> None:
+        """The weighted split of requests that name no version (None: the latest)."""
+        self.record(name).split = split

@@ -12,13 +12,18 @@ Rules of this file:
   final); ``infer`` of a decoupled model is refused with Triton's words, except for callers
   that accept exactly one response (``single=True``: the generate endpoint).
 - Statistics of a decoupled request are recorded when its final response arrives.
+- A request decoded from a learned layout (``InferRequest.signature``, see
+  ``protocol/infer_layout.py``) has the names, datatypes and shapes of every request of that
+  layout: its validation answer is kept here, by the layout's identity and for the version it
+  was checked against, at most ``MAX_CHECKED`` of them (past that the map starts over). The
+  layout object itself carries no serving state.
 - A request whose caller goes away before its answer (client disconnected, call cancelled,
   deadline passed) counts once, as a failure with reason CANCELED, whether it was still
   queued (it leaves the queue: ``scheduler.py``) or executing (its answer is dropped).
 
 Usage::
 
-    serving = Serving(manager.records)
+    serving = Serving(registry, cache)
     response = await serving.infer(request)
     async for response in serving.infer_stream(request):
         ...
@@ -47,12 +52,14 @@ from ..protocol.datatypes import numpy_to_kserve
 from ..repository import layout
 from ..types import InferRequest, InferResponse
 from .cache import ResponseCache
-from .registry import ModelRecord, ServingVersion
+from .registry import Registry, ServingVersion
 from .validation import check_request
 
-__all__ = ["Serving", "DECOUPLED_REFUSED"]
+__all__ = ["Serving", "DECOUPLED_REFUSED", "MAX_CHECKED"]
 
 DECOUPLED_REFUSED = "doesn't support models with decoupled transaction policy"
+# validation answers kept by request layout (the gRPC and HTTP codecs learn at most 256 each)
+MAX_CHECKED = 512
 
 
 def _int_param(params: dict[str, Any], key: str) -> int:
@@ -70,15 +77,19 @@ def _int_param(params: dict[str, Any], key: str) -> int:
 
 
 class Serving:
-    def __init__(self, records: dict[str, ModelRecord], cache: ResponseCache | None = None) -> None:
-        self.records = records  # the manager's: it adds and swaps, we only read
+    def __init__(self, registry: Registry, cache: ResponseCache | None = None) -> None:
+        self.registry = registry  # the manager writes it; we only read
+        self._records = registry.by_name
+        # request layout -> (the version it was checked against, batch size, shape key); a
+        # layout hashes by identity, and the key keeps it alive (no id is ever reused here)
+        self._checked: dict[object, tuple[ServingVersion, int, tuple[Any, ...]]] = {}
         self.cache = cache  # the response cache, for the versions that enable it
 
     # ---------------------------------------------------------------- lookups
     def get(self, name: str, version: str = "") -> ServingVersion:
         """The version that serves ``name``/``version``; raises NotFound with Triton's texts
         (plus the state and reason when the model is known but not serving)."""
-        rec = self.records.get(name)
+        rec = self._records.get(name)
         if version:
             try:
                 v = int(version)
@@ -104,7 +115,7 @@ class Serving:
         """The version a request goes to: the one it names, else the traffic split's choice
         (``core/traffic.py``), else the highest serving version."""
         if not version:
-            rec = self.records.get(name)
+            rec = self._records.get(name)
             if rec is not None:
                 split = rec.split
                 if split is not None:
@@ -116,7 +127,7 @@ class Serving:
 
     def _not_serving(self, name: str) -> ServerError:
         layout.check_model_name(name)
-        rec = self.records.get(name)
+        rec = self._records.get(name)
         if rec is not None and rec.states:
             state, reason = rec.states.get(-1) or next(iter(rec.states.values()))
             detail = f"; state {state}" + (f": {reason}" if reason else "")
@@ -133,7 +144,10 @@ class Serving:
             sv = self.get(request.model_name, request.model_version)
         layout = request.signature
         if layout is not None:  # same names, datatypes, shapes: the same answer
-            checked = layout.checked
+            try:  # a subscript, not .get(): the hit is the rule, and ~15 ns cheaper
+                checked = self._checked[layout]
+            except KeyError:
+                checked = None
             if checked is not None and checked[0] is sv:
                 return sv, checked[1], checked[2]
         try:
@@ -142,7 +156,9 @@ class Serving:
             exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
             raise
         if layout is not None:
-            layout.checked = (sv, batch, key)
+            if len(self._checked) >= MAX_CHECKED:
+                self._checked.clear()
+            self._checked[layout] = (sv, batch, key)
         return sv, batch, key
 
     async def infer(

@@ -8,16 +8,19 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ..core.cache import ResponseCache
+from ..core.registry import Registry
 from ..observability.metrics import build_registry, exposition
-from ..repository.manager import ModelManager
 
 __all__ = ["metrics_app"]
 
 _Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def metrics_app(manager: ModelManager, cpu_metrics: bool = True) -> Any:
-    registry = build_registry(manager, cpu_metrics)
+def metrics_app(
+    models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+) -> Any:
+    registry = build_registry(models, cache, cpu_metrics)
     text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:

@@ -2,7 +2,7 @@
 and the cumulative counters the page turns into rates and percentiles between two polls.
 
 Everything here is read from the objects the statistics extension and the metrics read
-(``ModelStats``, the manager's records, the control events); nothing is kept for the page.
+(``ModelStats``, the registry of what serves, the control events); nothing is kept for the page.
 Counters are cumulative, so the page's rates and percentiles are over its own poll interval.
 """
 
@@ -20,8 +20,7 @@ __all__ = ["snapshot"]
 
 
 def _instances(service: InferenceService, name: str, version: int) -> int:
-    rec = service.manager.records.get(name)
-    sv = rec.serving.get(version) if rec is not None else None
+    sv = service.registry.serving_version(name, version)
     if sv is None:
         return 0
     return sum(max(g.count, 1) for g in sv.config.instance_group) or 1
@@ -63,11 +62,8 @@ def snapshot(service: InferenceService) -> dict[str, Any]:
         }
         models.append(entry)
     traffic: dict[str, dict[str, Any]] = {}
-    stats = []
-    for rec in list(service.manager.records.values()):
-        for v, st in sorted(rec.stats.items()):
-            if v in rec.serving:
-                stats.append(_stats(st))
+    stats = [_stats(st) for st in service.registry.serving_stats()]
+    for rec in service.registry.records():
         if rec.split is not None:
             traffic[rec.name] = service.model_traffic(rec.name).get("weights", {})
     return {

@@ -14,8 +14,9 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from ..core.cache import ResponseCache
+from ..core.registry import Registry
 from ..core.stats import BUCKETS_US, Histogram, ModelStats
-from ..repository.manager import ModelManager
 
 __all__ = ["TritonCollector", "build_registry", "COUNTER_FAMILIES", "exposition"]
 
@@ -60,22 +61,22 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 
 class TritonCollector(Collector):
-    def __init__(self, manager: ModelManager, cpu_metrics: bool = True) -> None:
-        self.manager = manager
+    def __init__(
+        self, models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+    ) -> None:
+        self.models = models
+        self.cache = cache
         self.cpu_metrics = cpu_metrics
         self._proc = psutil.Process()
         psutil.cpu_percent(interval=None)  # prime the utilisation counter
 
     def _stats(self) -> Iterator[ModelStats]:
-        for rec in list(self.manager.records.values()):
-            for v, st in sorted(rec.stats.items()):
-                if v in rec.serving:
-                    yield st
+        yield from self.models.serving_stats()
 
     def _cache_metrics(self) -> Iterator[Metric]:
         """Triton's response-cache families: per model (for models that use the cache) and
         for the cache as a whole (only when the server has one)."""
-        cache = self.manager.serving.cache
+        cache = self.cache
         if cache is None:
             return
         per_model = {
@@ -94,7 +95,7 @@ class TritonCollector(Collector):
                 "Total cache miss (insert+lookup) duration per model, in microseconds",
             ),
         }
-        for rec in list(self.manager.records.values()):
+        for rec in self.models.records():
             for v, sv in sorted(rec.serving.items()):
                 if not sv.cached:
                     continue
@@ -261,7 +262,10 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
     return out
 
 
-def build_registry(manager: ModelManager, cpu_metrics: bool = True) -> CollectorRegistry:
+def build_registry(
+    models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+) -> CollectorRegistry:
+    """The Prometheus registry of the models serving in ``models`` (and ``cache``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(manager, cpu_metrics))
+    registry.register(TritonCollector(models, cache, cpu_metrics))
     return registry

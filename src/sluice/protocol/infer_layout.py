@@ -26,9 +26,9 @@ Rules of this file:
   repeat); gRPC also no per-input or per-output parameters (HTTP outputs keep theirs, e.g.
   ``binary_data``, in the layout).
 - Bounded: at most ``MAX_LAYOUTS`` are kept; learning past that starts over.
-- The layout travels with the request (``InferRequest.signature``): the serving path keeps
-  its validation result there (``Layout.checked``), since a request with the same layout has
-  the same names, datatypes and shapes.
+- The layout travels with the request (``InferRequest.signature``): the serving path keys
+  its validation result by it (``core/serving.py``), since a request with the same layout
+  has the same names, datatypes and shapes. A layout carries no serving state.
 
 Usage::
 
@@ -68,7 +68,6 @@ class _Learned:
         "datatypes",
         "outputs",
         "parameters",
-        "checked",
     )
 
     def __init__(self, size: int, inputs: tuple[Any, ...], req: InferRequest) -> None:
@@ -81,8 +80,6 @@ class _Learned:
             None if req.outputs is None else tuple((o.name, o.parameters) for o in req.outputs)
         )
         self.parameters = dict(req.parameters)
-        # (serving version, batch size, shape key): check_request's answer for that version
-        self.checked: tuple[Any, int, tuple[Any, ...]] | None = None
 
     def _request(self, inputs: dict[str, np.ndarray]) -> InferRequest:
         outs = self.outputs

@@ -20,7 +20,7 @@ Rules of this file:
 
 Usage::
 
-    state = ControlState(Path("/var/lib/sluice/state.json"), manager)
+    state = ControlState(Path("/var/lib/sluice/state.json"), manager, registry)
     doc = state.read()          # before serving; raises ServerError naming the file
     failed = await state.restore(doc)
     ...
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.registry import ModelRecord, Override
+from ..core.registry import ModelRecord, Override, Registry
 from ..core.traffic import parse_weights, weights_doc
 from ..errors import NotFound, ServerError
 from . import layout
@@ -88,9 +88,10 @@ def _model_doc(rec: ModelRecord) -> dict[str, Any]:
     return doc
 
 
-def snapshot(manager: ModelManager) -> dict[str, Any]:
-    """The state of ``manager`` as the file's JSON document."""
-    models = {name: _model_doc(rec) for name, rec in sorted(manager.records.items()) if rec.serving}
+def snapshot(registry: Registry) -> dict[str, Any]:
+    """What serves in ``registry`` as the file's JSON document."""
+    recs = sorted(registry.records(), key=lambda rec: rec.name)
+    models = {rec.name: _model_doc(rec) for rec in recs if rec.serving}
     return {_KEY: FORMAT, "models": models}
 
 
@@ -196,9 +197,10 @@ def _params(o: Override | None) -> dict[str, Any] | None:
 class ControlState:
     """The state file of one server: read and restored at start, saved on every change."""
 
-    def __init__(self, path: Path, manager: ModelManager) -> None:
+    def __init__(self, path: Path, manager: ModelManager, registry: Registry) -> None:
         self.path = path
-        self.manager = manager
+        self.manager = manager  # restoring is loading
+        self.registry = registry  # what is recorded is what serves
         self._lock = asyncio.Lock()
         self._last: bytes | None = None
 
@@ -233,7 +235,7 @@ class ControlState:
     async def save(self) -> None:
         """Write the current state if it changed (atomically; a failure is logged)."""
         async with self._lock:
-            data = (json.dumps(snapshot(self.manager), indent=1) + "\n").encode()
+            data = (json.dumps(snapshot(self.registry), indent=1) + "\n").encode()
             if data == self._last:
                 return
             try:
@@ -269,7 +271,7 @@ class ControlState:
                 return bool(json.loads(m.override.config).get("platform") == "ensemble")
             except (ValueError, AttributeError):
                 return False
-        return self.manager._is_ensemble(name)
+        return self.manager.is_ensemble(name)
 
     async def _restore(self, name: str, m: ModelState) -> bool | None:
         """True: restored; None: left out (no longer there); False: failed. A model without a
@@ -292,8 +294,7 @@ class ControlState:
         ok = True
         for v in m.versions:
             own = m.version_overrides.get(v)
-            rec = manager.records.get(name)
-            if rec is not None and v in rec.serving and own is None:
+            if v in self.registry.versions(name) and own is None:
                 continue
             try:
                 await load_version(manager, name, v, _params(own))
@@ -302,7 +303,7 @@ class ControlState:
             except ServerError as exc:
                 log.error("%s: failed to restore '%s' version %d: %s", self.path, name, v, exc)
                 ok = False
-        rec = manager.records.get(name)
+        rec = self.registry.get(name)
         if rec is None or not rec.serving:
             return False if not ok else None
         for v in sorted(set(rec.serving) - set(m.versions)):

@@ -32,7 +32,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..backends.base import ModelInstance, ModelSpec, backend_for
 from ..backends.ensemble import EnsembleBackend, composing_models
 from ..config import ControlMode, ServerConfig
-from ..core.cache import ResponseCache
 from ..core.registry import (
     LOADING,
     READY,
@@ -40,19 +39,17 @@ from ..core.registry import (
     UNLOADING,
     ModelRecord,
     Override,
+    Registry,
     ServingVersion,
-    tensor_infos,
 )
 from ..core.serving import Serving
 from ..core.stats import ModelStats
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
-from ..scheduling.scheduler import Scheduler
-from ..scheduling.sequence import SequenceScheduler
 from . import layout
 from .admission import MemoryAdmission
 from .devices import check_devices
 from .model_config import normalise, parse_config_json, read_config, validate
-from .warmup import warm_up
+from .prepare import start_version
 
 __all__ = ["ModelManager", "parse_load_params", "load_failure"]
 
@@ -133,13 +130,16 @@ def _changed_paths(
 
 
 class ModelManager:
-    def __init__(self, config: ServerConfig) -> None:
+    """Loads, unloads and polls; the one writer of ``registry`` (through its write methods).
+    ``serving`` is the request path over the same registry: ensemble steps and BLS calls of
+    the versions loaded here go through it."""
+
+    def __init__(self, config: ServerConfig, registry: Registry, serving: Serving) -> None:
         self.config = config
         self.repositories = tuple(Path(p).resolve() for p in config.model_repositories)
-        self.records: dict[str, ModelRecord] = {}
-        cache = ResponseCache(config.cache_size_bytes) if config.cache_size_bytes else None
+        self.registry = registry
         # the one request path (clients, ensemble steps, BLS)
-        self.serving = Serving(self.records, cache)
+        self.serving = serving
         self.admission = MemoryAdmission(config.model_memory_limit)
         self._override_dirs: dict[str, Path] = {}
         self._poll_task: asyncio.Task[None] | None = None
@@ -151,10 +151,8 @@ class ModelManager:
 
     # ---------------------------------------------------------------- lookups
     def record(self, name: str) -> ModelRecord:
-        rec = self.records.get(name)
-        if rec is None:
-            rec = self.records[name] = ModelRecord(name)
-        return rec
+        """The record of ``name`` (made if there is none): its ``lock`` serialises loads."""
+        return self.registry.record(name)
 
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -169,12 +167,11 @@ class ModelManager:
         if not self.config.strict_readiness:
             return True
         return all(
-            rec.ready and self.is_ready(rec.name) for rec in self.records.values() if rec.required
+            rec.ready and self.is_ready(rec.name) for rec in self.registry.records() if rec.required
         )
 
     def all_serving(self) -> Iterable[ServingVersion]:
-        for rec in list(self.records.values()):
-            yield from rec.serving.values()
+        return self.registry.all_serving()
 
     # ----------------------------------------------------------------- index
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
@@ -182,10 +179,10 @@ class ModelManager:
         directory is gone or that came from file overrides, as Triton lists them. A failed
         load of a name that is in no repository leaves nothing here."""
         names = set(layout.list_models(self.repositories))
-        names.update(name for name, rec in self.records.items() if rec.present)
+        names.update(rec.name for rec in self.registry.records() if rec.present)
         out: list[dict[str, str]] = []
         for name in sorted(names):
-            rec = self.records.get(name)
+            rec = self.registry.get(name)
             if rec is None or (not rec.states and not rec.serving):
                 if not ready_only:
                     out.append({"name": name})  # known on disk, never loaded (as Triton)
@@ -202,17 +199,17 @@ class ModelManager:
                 out.append(entry)
         return out
 
-    def _forget_if_unknown(self, rec: ModelRecord) -> None:
+    def forget_if_unknown(self, rec: ModelRecord) -> None:
         """Drop the record of a name that serves nothing and is in no repository, so that
         loads of made-up names cannot grow the index or the server's memory."""
         if (
-            self.records.get(rec.name) is rec
+            self.registry.get(rec.name) is rec
             and not rec.present
             and not rec.dependents
             and rec.name not in self._ensembles
             and layout.find_model_dir_or_none(self.repositories, rec.name) is None
         ):
-            del self.records[rec.name]
+            self.registry.forget(rec.name)
 
     # ------------------------------------------------------------------ start
     async def startup(self) -> list[str]:
@@ -226,7 +223,7 @@ class ModelManager:
         else:
             names = list(layout.list_models(self.repositories))
         # ensembles after the models they compose (they check those at load)
-        ensembles = [n for n in names if self._is_ensemble(n)]
+        ensembles = [n for n in names if self.is_ensemble(n)]
         plain = [n for n in names if n not in ensembles]
         results = await asyncio.gather(*(self._startup_load(n) for n in plain))
         results += await asyncio.gather(*(self._startup_load(n) for n in ensembles))
@@ -235,7 +232,7 @@ class ModelManager:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll_loop())
         return [n for n, ok in zip(names, results, strict=True) if not ok]
 
-    def _is_ensemble(self, name: str) -> bool:
+    def is_ensemble(self, name: str) -> bool:
         try:
             config, _present = read_config(layout.find_model_dir(self.repositories, name))
         except ServerError:
@@ -264,12 +261,12 @@ class ModelManager:
             while True:
                 rec = self.record(name)
                 async with rec.lock:
-                    if self.records.get(name) is not rec:
+                    if self.registry.get(name) is not rec:
                         continue  # forgotten while we waited for its lock: start again
                     try:
                         await self._load_if_changed(rec, config_json, files, override)
                     except NotFound:
-                        self._forget_if_unknown(rec)
+                        self.forget_if_unknown(rec)
                         raise
                     break
         except ServerError as exc:
@@ -287,7 +284,7 @@ class ModelManager:
         repo_dir = layout.find_model_dir_or_none(self.repositories, name)
         if repo_dir is None and not files:
             layout.find_model_dir(self.repositories, name)  # raises Triton's NotFound
-        signature = self._signature(repo_dir) if repo_dir is not None else ()
+        signature = self.directory_signature(repo_dir) if repo_dir is not None else ()
         why = "first load"
         if rec.serving and rec.loaded is not None:
             loaded_signature, loaded_override = rec.loaded
@@ -312,28 +309,28 @@ class ModelManager:
             why = "override"
         rec.signature = signature
         try:
-            model_dir = self._write_override(name, files) if files else repo_dir
+            model_dir = self.write_override(name, files) if files else repo_dir
             assert model_dir is not None
-            await self._load_locked(rec, model_dir, config_json, why)
+            await self.load_locked(rec, model_dir, config_json, why)
         except ServerError as exc:
             for v in rec.serving:
                 # what was loaded before keeps serving: its entry says why the files now on
                 # disk do not (a poll retries only once they change again)
                 if rec.states.get(v, (READY, ""))[0] == READY:
-                    rec.states[v] = (READY, f"{RELOAD_FAILED}: {exc}")
+                    self.registry.set_state(name, v, READY, f"{RELOAD_FAILED}: {exc}")
             if not rec.serving and not any(
                 state == UNAVAILABLE and reason == str(exc) for state, reason in rec.states.values()
             ):
                 # failed before any version was tried (config, files): the model as a whole
-                rec.states = {v: st for v, st in rec.states.items() if v in rec.serving}
-                rec.states[-1] = (UNAVAILABLE, str(exc))
+                kept = {v: st for v, st in rec.states.items() if v in rec.serving}
+                self.registry.set_states(name, {**kept, -1: (UNAVAILABLE, str(exc))})
             raise
         rec.loaded = (signature, override)
         # a whole-model load serves the version_policy with one config: per-version loads reset
         rec.override = Override(config_json, files) if config_json is not None else None
         rec.version_overrides.clear()
 
-    def _write_override(self, name: str, files: dict[str, bytes], slot: str = "") -> Path:
+    def write_override(self, name: str, files: dict[str, bytes], slot: str = "") -> Path:
         """The override files as a model directory; ``slot`` (default: the model's name) keys
         the directory replaced by the next override of the same slot."""
         slot = slot or name
@@ -348,11 +345,20 @@ class ModelManager:
             target = model_dir.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+        self.drop_override(slot)
+        self._override_dirs[slot] = root
+        return model_dir
+
+    def override_dir(self, slot: str) -> Path | None:
+        """The model directory the override of ``slot`` wrote (``write_override``), if any."""
+        root = self._override_dirs.get(slot)
+        return root / slot.split("/")[0] if root is not None else None
+
+    def drop_override(self, slot: str) -> None:
+        """Delete the override files of ``slot`` (nothing if there are none)."""
         old = self._override_dirs.pop(slot, None)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        self._override_dirs[slot] = root
-        return model_dir
 
     def _read_config(
         self, model_dir: Path, config_json: str | None, versions: list[int]
@@ -372,7 +378,7 @@ class ModelManager:
         for text in warnings:
             log.warning("model '%s': %s", name, text)
 
-    async def _load_locked(
+    async def load_locked(
         self,
         rec: ModelRecord,
         model_dir: Path,
@@ -430,8 +436,8 @@ class ModelManager:
         self._check_devices(name, config)
         for v in selected:
             if v not in rec.serving:
-                rec.states[v] = (LOADING, "")
-        rec.states.pop(-1, None)
+                self.registry.set_state(name, v, LOADING)
+        self.registry.drop_state(name, -1)
         new: dict[int, ServingVersion] = {}
         started: list[ModelInstance] = []
         try:
@@ -446,90 +452,61 @@ class ModelManager:
                     settings,
                     serving=self.serving,
                 )
-                fname = config.default_model_filename or (
-                    backend.default_model_filename() if backend else ""
-                )
-                if fname and not (spec.version_dir / fname).exists():
-                    raise NotFound(
-                        f"failed to load '{name}' version {v}: model file "
-                        f"{spec.version_dir / fname} not found"
-                    )
-                instances = backend.create_instances(spec) if backend else []
-                # the first instance alone, measured; the rest only if they fit in memory
-                results = await self.admission.start_instances(name, v, config, instances)
-                for inst, res in zip(instances, results, strict=True):
-                    if not isinstance(res, BaseException):
-                        started.append(inst)
-                errors = [r for r in results if isinstance(r, BaseException)]
-                if errors:
-                    # Triton answers 400 for a version that fails to initialize.
-                    raise InvalidArgument(
-                        f"load failed for model '{name}': version {v} is at "
-                        f"UNAVAILABLE state: {errors[0]}"
-                    ) from errors[0]
+                # cumulative across reloads: the registry keeps them when it is published
                 stats = rec.stats.get(v) or ModelStats(name, str(v))
-                rec.stats[v] = stats
-                scheduler = (
-                    SequenceScheduler(name, str(v), config, instances, stats, model_dir)
-                    if config.HasField("sequence_batching")
-                    else Scheduler(name, str(v), config, instances, stats)
-                )
-                inputs = tensor_infos(list(config.input))
-                new[v] = ServingVersion(
-                    spec=spec,
-                    scheduler=scheduler,
-                    stats=stats,
-                    inputs=inputs,
-                    outputs=tensor_infos(list(config.output)),
-                    required_inputs=frozenset(n for n, t in inputs.items() if not t.optional),
-                    max_batch_size=config.max_batch_size,
-                    version_str=str(v),
+                new[v] = await start_version(
+                    spec,
+                    backend,
+                    self.admission,
+                    stats,
+                    started,
                     generation=next(self._generations),
-                    decoupled=config.model_transaction_policy.decoupled,
-                    cached=self.serving.cache is not None
-                    and config.response_cache.enable
-                    and not config.model_transaction_policy.decoupled
-                    # Triton: only the default and dynamic batchers use the cache
-                    and not config.HasField("sequence_batching"),
+                    cache=self.serving.cache is not None,
                 )
-                try:
-                    await warm_up(new[v], instances)  # before READY, on every instance
-                except ServerError as exc:
-                    raise InvalidArgument(
-                        f"load failed for model '{name}': version {v} is at UNAVAILABLE "
-                        f"state: {exc}"
-                    ) from None
         except BaseException as exc:
             await asyncio.gather(*(i.stop() for i in started), return_exceptions=True)
             for v in selected:
                 if v not in rec.serving:
-                    rec.states[v] = (UNAVAILABLE, str(exc))
+                    self.registry.set_state(name, v, UNAVAILABLE, str(exc))
             raise
-        load_secs = time.monotonic() - t0
+        await self._swap_in(rec, new, only, composing, time.monotonic() - t0, why)
+
+    async def _swap_in(
+        self,
+        rec: ModelRecord,
+        new: dict[int, ServingVersion],
+        only: int | None,
+        composing: list[str],
+        load_secs: float,
+        why: str,
+    ) -> None:
+        """Publish the prepared versions (beside the others with ``only``) in one swap, then
+        retire the versions they replace: drained, then stopped."""
+        name = rec.name
         for sv in new.values():
             sv.stats.load_duration_secs = load_secs
         old = rec.serving
         if only is not None:  # the other versions keep serving
             new = {**old, **new}
             old = {only: old[only]} if only in old else {}
-        rec.set_serving(new)  # the atomic swap
+        self.registry.publish(name, new)  # the atomic swap
         self._ensembles.pop(name, None)
         if composing:
             self._ensembles[name] = composing
             for m in composing:
                 self.record(m).dependents.add(name)
         if only is None:
-            rec.states = {v: (READY, "") for v in new}
+            self.registry.set_states(name, {v: (READY, "") for v in new})
         else:
-            rec.states[only] = (READY, "")
+            self.registry.set_state(name, only, READY)
         retiring = list(old.values())
         for sv in retiring:
             if sv.spec.version not in new:
-                rec.states[sv.spec.version] = (UNLOADING, "")
-        await self._retire(retiring)
+                self.registry.set_state(name, sv.spec.version, UNLOADING)
+        await self.retire(retiring)
         for sv in retiring:
             if sv.spec.version not in new:
-                rec.states[sv.spec.version] = (UNAVAILABLE, "unloaded")
+                self.registry.set_state(name, sv.spec.version, UNAVAILABLE, "unloaded")
         log.info(
             "%s '%s' version(s) %s in %.2fs (%s)",
             "reloaded" if retiring else "loaded",
@@ -570,7 +547,7 @@ class ModelManager:
     def _check_devices(self, name: str, config: mc.ModelConfig) -> None:
         check_devices(name, config)
 
-    async def _retire(self, versions: list[ServingVersion]) -> None:
+    async def retire(self, versions: list[ServingVersion]) -> None:
         async def one(sv: ServingVersion) -> None:
             await sv.scheduler.drain()
             await sv.scheduler.stop()
@@ -583,23 +560,24 @@ class ModelManager:
     # ----------------------------------------------------------------- unload
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         layout.check_model_name(name)
-        rec = self.records.get(name)
+        rec = self.registry.get(name)
         if rec is None:
             # Triton answers success for a model it does not know; so do we.
             return
         async with rec.lock:
             old = list(rec.serving.values())
-            rec.set_serving({})
+            self.registry.publish(name, {})
             rec.loaded = None
             for sv in old:
-                rec.states[sv.spec.version] = (UNLOADING, "")
+                self.registry.set_state(name, sv.spec.version, UNLOADING)
             rec.required = False
-            await self._retire(old)
+            await self.retire(old)
             for sv in old:
-                rec.states[sv.spec.version] = (UNAVAILABLE, "unloaded")
+                self.registry.set_state(name, sv.spec.version, UNAVAILABLE, "unloaded")
         for m in self._ensembles.pop(name, ()):
-            if m in self.records:
-                self.records[m].dependents.discard(name)
+            composing = self.registry.get(m)
+            if composing is not None:
+                composing.dependents.discard(name)
         if unload_dependents:
             for dep in sorted(rec.dependents):
                 await self.unload(dep)
@@ -623,8 +601,8 @@ class ModelManager:
             )
             for sv in serving:
                 sv.scheduler.fail_queued(err)
-        for rec in self.records.values():
-            rec.set_serving({})
+        for rec in self.registry.records():
+            self.registry.publish(rec.name, {})
         grace = None if drained else 0.0
         await asyncio.gather(*(sv.scheduler.stop(grace) for sv in serving), return_exceptions=True)
         for root in self._override_dirs.values():
@@ -633,7 +611,7 @@ class ModelManager:
 
     # ------------------------------------------------------------------- poll
     @staticmethod
-    def _signature(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    def directory_signature(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
         """(path, mtime, size) of everything under the model's directory: a load reloads, and
         a poll loads, only when this changed (Triton compares modification times too)."""
         sig: list[tuple[str, int, int]] = []
@@ -654,27 +632,28 @@ class ModelManager:
     async def poll_once(self) -> None:
         present = layout.list_models(self.repositories)
         for name, model_dir in present.items():
-            rec = self.records.get(name)
-            if rec is not None and rec.signature == self._signature(model_dir):
+            rec = self.registry.get(name)
+            if rec is not None and rec.signature == self.directory_signature(model_dir):
                 continue  # loaded (or failed) with exactly these files
             self.record(name).required = True
             try:
                 await self.load(name)
             except ServerError as exc:
                 log.error("poll: %s", exc)
-        for name in list(self.records):
+        for rec in self.registry.records():
+            name = rec.name
             if name in present:
                 continue
-            if self.records[name].serving:
+            if rec.serving:
                 log.info("poll: model '%s' was removed from the repository; unloading", name)
                 await self.unload(name)
-            rec = self.records.get(name)
+            rec = self.registry.get(name)
             if rec is not None and not rec.present:
-                self._forget_if_unknown(rec)
+                self.forget_if_unknown(rec)
 
     async def _poll_loop(self) -> None:
         for name, model_dir in layout.list_models(self.repositories).items():
-            self.record(name).signature = self._signature(model_dir)
+            self.record(name).signature = self.directory_signature(model_dir)
         while True:
             await asyncio.sleep(self.config.repository_poll_secs)
             try:

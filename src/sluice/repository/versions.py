@@ -3,7 +3,7 @@ issues #4416, #4638).
 
 Rules of this file:
 - A per-version load prepares exactly version v beside the serving versions and swaps it in
-  (``ModelManager._load_locked(only=v)``); the other versions are not touched. A serving v is
+  (``ModelManager.load_locked(only=v)``); the other versions are not touched. A serving v is
   reloaded (a refresh: its files are read again); its statistics stay cumulative.
 - Without parameters v is loaded the way the model is: with the whole-model override in
   force (its config and files) if there is one, else from the repository. With 'config' (and
@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from typing import TYPE_CHECKING, Any
 
 from ..core.registry import UNAVAILABLE, UNLOADING, ModelRecord, Override, Signature
@@ -80,12 +79,12 @@ async def load_version(
         while True:
             rec = manager.record(name)
             async with rec.lock:
-                if manager.records.get(name) is not rec:
+                if manager.registry.get(name) is not rec:
                     continue  # forgotten while we waited for its lock: start again
                 try:
                     await _load_locked(manager, rec, v, config_json, files)
                 except NotFound:
-                    manager._forget_if_unknown(rec)
+                    manager.forget_if_unknown(rec)
                     raise
                 break
     except ServerError as exc:
@@ -109,12 +108,13 @@ async def _load_locked(
     own = Override(config_json, files) if config_json is not None else None
     why = f"version {v} loaded alone"
     if files:
-        model_dir = manager._write_override(name, files, _slot(name, v))
+        model_dir = manager.write_override(name, files, _slot(name, v))
         why += ", own override"
     elif own is None and rec.override is not None:
         config_json = rec.override.config
-        if rec.override.files:
-            model_dir = manager._override_dirs[name] / name
+        written = manager.override_dir(name) if rec.override.files else None
+        if written is not None:
+            model_dir = written
         else:
             model_dir = repo_dir or layout.find_model_dir(manager.repositories, name)
         why += ", the model's override"
@@ -123,15 +123,13 @@ async def _load_locked(
         model_dir = repo_dir or layout.find_model_dir(manager.repositories, name)
         if own is not None:
             why += ", own config override"
-    await manager._load_locked(rec, model_dir, config_json, why, only=v)
+    await manager.load_locked(rec, model_dir, config_json, why, only=v)
     if own is not None:
         rec.version_overrides[v] = own
     else:
         rec.version_overrides.pop(v, None)
-        stale = manager._override_dirs.pop(_slot(name, v), None)
-        if stale is not None:
-            shutil.rmtree(stale, ignore_errors=True)
-    signature = manager._signature(repo_dir) if repo_dir is not None else ()
+        manager.drop_override(_slot(name, v))
+    signature = manager.directory_signature(repo_dir) if repo_dir is not None else ()
     if not serving or rec.loaded is None:
         # the model is loaded now: a plain load that changes nothing does nothing
         rec.loaded = (signature, None)
@@ -148,7 +146,7 @@ async def unload_version(manager: ModelManager, name: str, version: Any) -> None
     is not serving (but exists) is already unloaded: nothing to do."""
     layout.check_model_name(name)
     v = parse_version(name, version)
-    rec = manager.records.get(name)
+    rec = manager.registry.get(name)
     repo_dir = layout.find_model_dir_or_none(manager.repositories, name)
     if rec is None or v not in rec.serving:
         if repo_dir is None and (rec is None or not rec.present):
@@ -179,20 +177,18 @@ async def unload_version(manager: ModelManager, name: str, version: Any) -> None
                 f"failed to unload '{name}' version {v}: it is the model's only serving "
                 f"version; unload the model instead (POST /v2/repository/models/{name}/unload)"
             )
-        rec.set_serving({k: s for k, s in rec.serving.items() if k != v})
-        rec.states[v] = (UNLOADING, "")
-        await manager._retire([sv])
-        rec.states[v] = (UNAVAILABLE, "unloaded")
+        manager.registry.retire(name, v)
+        manager.registry.set_state(name, v, UNLOADING)
+        await manager.retire([sv])
+        manager.registry.set_state(name, v, UNAVAILABLE, "unloaded")
         rec.version_overrides.pop(v, None)
-        stale = manager._override_dirs.pop(_slot(name, v), None)
-        if stale is not None:
-            shutil.rmtree(stale, ignore_errors=True)
+        manager.drop_override(_slot(name, v))
 
 
 # ---------------------------------------------------------------------------------- traffic
 def _known(manager: ModelManager, name: str) -> ModelRecord | None:
     layout.check_model_name(name)
-    rec = manager.records.get(name)
+    rec = manager.registry.get(name)
     if (rec is None or not rec.present) and layout.find_model_dir_or_none(
         manager.repositories, name
     ) is None:
@@ -215,11 +211,10 @@ def set_traffic(manager: ModelManager, name: str, weights: Any) -> dict[str, Any
     parsed = parse_weights(name, weights)
     if not parsed:
         if rec is not None and rec.split is not None:
-            rec.split = None
+            manager.registry.set_traffic(name, None)
             log.info("model '%s': traffic split cleared", name)
         return get_traffic(manager, name)
     split = TrafficSplit(name, parsed, rec.serving if rec is not None else {})
-    assert rec is not None  # a split over READY versions has a record
-    rec.split = split
+    manager.registry.set_traffic(name, split)
     log.info("model '%s': traffic split set to %s", name, json.dumps(weights_doc(parsed)))
     return get_traffic(manager, name)
