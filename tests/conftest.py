@@ -36,6 +36,9 @@ _serial = itertools.count()
 TRACEBACK = "Traceback (most recent call last)"
 # a python model's file: <model>/<version>/model.py (in a repository, or a load's file override)
 MODEL_FILE = re.compile(r"/\d+/model\.py$")
+# a log record of the server or a worker ("2026-12-02 06:58:32,038 I sluice] ..."): the workers
+# write to the same file, so one may land in the middle of another process's traceback
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+ [A-Z] ")
 
 
 class ServerProcess:
@@ -256,6 +259,8 @@ class ServerProcess:
                 continue
             block = [line]
             for follow in lines[i + 1 :]:
+                if LOG_RECORD.match(follow):
+                    continue  # another process's log line, written into the middle of it
                 if not follow.startswith(" "):
                     block.append(follow)  # the exception line
                     break
