@@ -33,6 +33,8 @@ __all__ = [
     "FakeInstance",
     "Tracker",
     "KEY",
+    "answer",
+    "answers",
     "MODEL",
     "config",
     "request",
@@ -171,6 +173,21 @@ async def until(cond: Callable[[], object], what: str, limit: float = 10.0) -> N
         if loop.time() > end:
             raise AssertionError(f"timed out waiting until {what}")
         await asyncio.sleep(0.001)
+
+
+async def answers(*futures: Any, errors: bool = False, limit: float = 10.0) -> list[Any]:
+    """The results of ``futures`` (with ``errors``: their exceptions in their place); fail
+    after ``limit`` seconds, a bound against a hang, not a timing assertion."""
+    try:
+        return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=errors), limit)
+    except TimeoutError:
+        raise AssertionError(f"no answer within {limit} s: the requests are stuck") from None
+
+
+async def answer(future: Any, limit: float = 10.0) -> Any:
+    """The one result of ``future``, bounded as ``answers``."""
+    (result,) = await answers(future, limit=limit)
+    return result
 
 
 async def settle(rounds: int = 20) -> None:

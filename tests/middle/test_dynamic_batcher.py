@@ -4,12 +4,23 @@ its own rows back."""
 
 from __future__ import annotations
 
-import asyncio
-
 from sluice.errors import Internal, Status, Unavailable
 from sluice.scheduling.scheduler import Scheduler
 
-from .fakes import KEY, MODEL, FakeInstance, Tracker, config, request, run, settle, stats, until
+from .fakes import (
+    KEY,
+    MODEL,
+    FakeInstance,
+    Tracker,
+    answer,
+    answers,
+    config,
+    request,
+    run,
+    settle,
+    stats,
+    until,
+)
 
 HOUR_US = 3_600_000_000  # a batch window no test waits out
 
@@ -42,7 +53,7 @@ def test_batches_fill_up_to_max_batch_size_and_split_back_per_caller() -> None:
             assert inst.batches == [["a", "b", "c"], ["d", "e", "f"]]
             assert inst.sizes == [4, 4]
             inst.release()
-            results = {rid: await f for rid, f in futs.items()}
+            results = dict(zip(futs, await answers(*futs.values()), strict=True))
             for rid, values in sizes.items():
                 assert results[rid].id == rid
                 assert results[rid].outputs["OUT"].tolist() == [[v * 10] for v in values]
@@ -78,7 +89,7 @@ def test_a_request_that_would_overflow_the_batch_closes_it() -> None:
             await until(lambda: inst.waiting == 1, "the first batch executes")
             assert inst.batches == [["a", "b"]]
             inst.release()
-            await futs[0]
+            await answer(futs[0])
             await settle()
             assert inst.batches == [["a", "b"]]  # c alone waits within its window
             futs.append(sched.submit(request("d", 6, 7), 2, KEY))
@@ -86,7 +97,7 @@ def test_a_request_that_would_overflow_the_batch_closes_it() -> None:
             assert inst.batches == [["a", "b"], ["c", "d"]]
             assert inst.sizes == [3, 4]
             inst.open()
-            got = [(await f).outputs["OUT"].tolist() for f in futs]
+            got = [(await answer(f)).outputs["OUT"].tolist() for f in futs]
             assert got == [[[10]], [[20], [30]], [[40], [50]], [[60], [70]]]
         finally:
             await sched.stop()
@@ -110,15 +121,15 @@ def test_a_preferred_batch_size_runs_without_waiting_for_the_window() -> None:
         )
         try:
             futs = [sched.submit(request(r, i), 1, KEY) for i, r in enumerate("abc")]
-            await asyncio.gather(*futs[:2])
+            await answers(*futs[:2])
             await settle()
             # three queued together: the preferred 2 run, the third waits for a partner
             assert inst.batches == [["a", "b"]]
             assert st.pending == 1
             futs.append(sched.submit(request("d", 3), 1, KEY))
-            await asyncio.gather(*futs)
+            await answers(*futs)
             assert inst.batches == [["a", "b"], ["c", "d"]]
-            assert [(await f).outputs["OUT"].tolist() for f in futs] == [
+            assert [(await answer(f)).outputs["OUT"].tolist() for f in futs] == [
                 [[0]],
                 [[10]],
                 [[20]],
@@ -144,7 +155,7 @@ def test_a_partial_batch_runs_once_its_window_has_passed() -> None:
         try:
             fut = sched.submit(request("a", 4), 1, KEY)
             # nothing fills the batch: the timer at the window's end starts it
-            response = await asyncio.wait_for(fut, 10)
+            response = await answer(fut)
             assert inst.batches == [["a"]]
             assert response.outputs["OUT"].tolist() == [[40]]
             assert (st.execution_count, st.inference_count, st.queue.count) == (1, 1, 1)
@@ -161,7 +172,7 @@ def test_without_dynamic_batching_each_request_is_its_own_batch() -> None:
         sched = Scheduler(MODEL, "1", config("max_batch_size: 8"), [inst], st)
         try:
             futs = [sched.submit(request(r, i), 1, KEY) for i, r in enumerate("abc")]
-            await asyncio.gather(*futs)
+            await answers(*futs)
             assert inst.batches == [["a"], ["b"], ["c"]]
             assert (st.execution_count, st.inference_count) == (3, 3)
         finally:
@@ -198,7 +209,7 @@ def test_priority_levels_take_the_higher_level_first_and_fill_across_levels() ->
             inst.release()
             await until(lambda: len(inst.batches) == 3, "the third batch executes")
             inst.release()
-            await asyncio.gather(*futs)
+            await answers(*futs)
             assert inst.batches == [["o1", "o2"], ["high", "dflt"], ["big", "low"]]
         finally:
             await sched.stop()
@@ -221,8 +232,8 @@ def test_a_request_cancelled_while_queued_leaves_the_queue_unexecuted() -> None:
             await until(lambda: st.pending == 2, "the cancelled request leaves the queue")
             assert sched.in_flight == 2
             inst.open()
-            assert (await first).outputs["OUT"].tolist() == [[10]]
-            assert (await kept).outputs["OUT"].tolist() == [[30]]
+            assert (await answer(first)).outputs["OUT"].tolist() == [[10]]
+            assert (await answer(kept)).outputs["OUT"].tolist() == [[30]]
             assert inst.batches == [["o"], ["kept"]]
             assert (st.pending, sched.in_flight, st.execution_count) == (0, 0, 2)
         finally:
@@ -259,21 +270,23 @@ def test_an_instance_failure_fails_only_its_batch() -> None:
             await until(lambda: i0.waiting == 1 and i1.waiting == 1, "both batches execute")
             i0.open()
             i1.open()
-            errors = await asyncio.gather(*crash, return_exceptions=True)
+            errors = await answers(*crash, errors=True)
             assert [(type(e), e.status, str(e)) for e in errors] == [
                 (Internal, Status.INTERNAL, "model 'm' failed to execute: boom")
             ] * 2
             ran = i0 if ["g1", "g2"] in i0.batches else i1
-            assert [(await f).outputs["OUT"].tolist() for f in good] == [[[20 + ran.index]]] * 2
+            assert [(await answer(f)).outputs["OUT"].tolist() for f in good] == [
+                [[20 + ran.index]]
+            ] * 2
             # a ServerError from the backend reaches each caller of its batch as it is
             busy = [sched.submit(request(r, 3), 1, KEY) for r in ("busy", "b2")]
-            errors = await asyncio.gather(*busy, return_exceptions=True)
+            errors = await answers(*busy, errors=True)
             assert [(type(e), e.status, str(e)) for e in errors] == [
                 (Unavailable, Status.UNAVAILABLE, "model 'm' is busy")
             ] * 2
             # the instances are free again and serve the next batch
             after = [sched.submit(request(r, 4), 1, KEY) for r in ("n1", "n2")]
-            assert [(await f).id for f in after] == ["n1", "n2"]
+            assert [(await answer(f)).id for f in after] == ["n1", "n2"]
             batches = sorted(b for i in (i0, i1) for b in i.batches)
             assert batches == [["busy", "b2"], ["crash", "mate"], ["g1", "g2"], ["n1", "n2"]]
             # only the successful executions count
@@ -302,7 +315,7 @@ def test_several_instances_run_batches_at_the_same_time() -> None:
             assert tracker.running == 3
             for i in insts:
                 i.open()
-            results = await asyncio.gather(*futs)
+            results = await answers(*futs)
             # each response carries the index of the instance that computed it
             by_instance = {r.id: int(r.outputs["OUT"][0][0]) % 10 for r in results}
             assert by_instance == {

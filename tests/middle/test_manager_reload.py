@@ -15,7 +15,7 @@ from sluice.backends.base import ModelInstance, ModelSpec, register_backend
 from sluice.config import ControlMode, ServerConfig
 from sluice.repository.manager import ModelManager
 
-from .fakes import MODEL, FakeInstance, request, run, until
+from .fakes import MODEL, FakeInstance, answer, answers, request, run, until
 
 BACKEND = "middle_fake"
 CONFIG = f"""
@@ -79,7 +79,7 @@ def test_a_reload_under_load_finishes_old_requests_on_the_old_instance(tmp_path:
             )
             assert not reload.done()
             new = [asyncio.ensure_future(serving.infer(request(f"new{i}", i))) for i in range(4)]
-            new_answers = await asyncio.gather(*new)
+            new_answers = await answers(*new)
             assert [r.outputs["OUT"].tolist() for r in new_answers] == [
                 [[i * 10 + 2]] for i in range(4)
             ]
@@ -87,11 +87,11 @@ def test_a_reload_under_load_finishes_old_requests_on_the_old_instance(tmp_path:
             assert (created[0].stopped, reload.done()) == (False, False)
             # the old batch ends on the old instance; then the reload retires it
             created[0].release()
-            old_answers = await asyncio.gather(*old)
+            old_answers = await answers(*old)
             assert [r.outputs["OUT"].tolist() for r in old_answers] == [
                 [[i * 10 + 1]] for i in range(4)
             ]
-            await reload
+            await answer(reload)
             assert created[0].batches == [["old0", "old1", "old2", "old3"]]
             assert [i.stopped for i in created] == [True, False]
         finally:

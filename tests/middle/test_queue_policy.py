@@ -4,14 +4,23 @@ priority level and the per-request override."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from sluice.errors import Status, Unavailable
 from sluice.scheduling.scheduler import Scheduler
 
-from .fakes import KEY, MODEL, FakeInstance, config, request, run, settle, stats, until
+from .fakes import (
+    KEY,
+    MODEL,
+    FakeInstance,
+    answers,
+    config,
+    request,
+    run,
+    settle,
+    stats,
+    until,
+)
 
 TIMEOUT_TEXT = (
     "Request timeout expired: model 'm' version 1 did not start the request within its queue "
@@ -49,7 +58,7 @@ def test_a_full_priority_queue_refuses_with_unavailable_and_the_other_level_stil
             high = sched.submit(request("h", 2), 1, KEY, priority=1)
             assert (st.pending, sched.in_flight) == (4, 4)
             inst.open()
-            await asyncio.gather(running, high, *queued)
+            await answers(running, high, *queued)
             assert inst.batches == [["o"], ["h"], ["q1"], ["q2"]]
             assert st.pending == 0
         finally:
@@ -85,7 +94,7 @@ def test_a_default_timeout_rejects_a_request_that_did_not_start_in_time() -> Non
             assert str(err) == TIMEOUT_TEXT
             assert (st.pending, sched.in_flight) == (2, 2)
             inst.open()
-            await asyncio.gather(running, waits)
+            await answers(running, waits)
             # the rejected request never reached the model
             assert inst.batches == [["o"], ["waits"]]
             assert st.pending == 0
@@ -116,7 +125,7 @@ def test_a_request_timeout_overrides_the_default_only_where_allowed_and_only_sho
             await until(late.done, "the request's own timeout rejects it")
             assert str(late.exception()) == TIMEOUT_TEXT
             inst.open()
-            await asyncio.gather(running, patient)
+            await answers(running, patient)
             assert inst.batches == [["o"], ["patient"]]
         finally:
             await sched.stop()
@@ -145,7 +154,7 @@ def test_a_request_timeout_is_ignored_without_allow_timeout_override() -> None:
             kept = sched.submit(request("kept", 1), 1, KEY, timeout_us=1)
             await settle()
             inst.open()
-            await asyncio.gather(running, kept)
+            await answers(running, kept)
             assert inst.batches == [["o"], ["kept"]]
         finally:
             await sched.stop()
@@ -184,7 +193,7 @@ def test_delay_action_serves_an_expired_request_after_everything_else() -> None:
             inst.release()
             await until(lambda: len(inst.batches) == 3, "the delayed request executes")
             inst.release()
-            results = await asyncio.gather(running, later, delayed)
+            results = await answers(running, later, delayed)
             assert [r.outputs["OUT"].tolist() for r in results] == [[[0]], [[20]], [[10]]]
             assert inst.batches == [["o"], ["later"], ["delayed"]]
             assert (st.pending, sched.in_flight) == (0, 0)

@@ -4,7 +4,6 @@ release, and Triton's refusals."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import pytest
@@ -12,7 +11,19 @@ import pytest
 from sluice.errors import InvalidArgument, Status, WorkerLost
 from sluice.scheduling.sequence import SequenceScheduler
 
-from .fakes import KEY, MODEL, FakeInstance, config, request, run, settle, stats, until
+from .fakes import (
+    KEY,
+    MODEL,
+    FakeInstance,
+    answer,
+    answers,
+    config,
+    request,
+    run,
+    settle,
+    stats,
+    until,
+)
 
 CONTROLS = """
   control_input [
@@ -65,9 +76,9 @@ def test_control_inputs_carry_start_end_ready_and_the_correlation_id() -> None:
         inst = FakeInstance(held=False)
         sched = SequenceScheduler(MODEL, "1", config(seq_config()), [inst], stats())
         try:
-            await sched.submit(step("a", 7, 1, start=True), 1, KEY)
-            await sched.submit(step("b", 7, 2), 1, KEY)
-            await sched.submit(step("c", 7, 3, end=True), 1, KEY)
+            await answer(sched.submit(step("a", 7, 1, start=True), 1, KEY))
+            await answer(sched.submit(step("b", 7, 2), 1, KEY))
+            await answer(sched.submit(step("c", 7, 3, end=True), 1, KEY))
             assert controls(inst) == [
                 ("a", 1, 0, 1, 7),
                 ("b", 0, 0, 1, 7),
@@ -120,7 +131,7 @@ def test_a_sequence_sticks_to_its_instance_and_runs_one_request_at_a_time() -> N
             assert (i0.batches, i1.batches) == ([["1a", "3a"]], [["2a"], ["2b"]])
             i0.open()
             i1.open()
-            results = await asyncio.gather(*futs)
+            results = await answers(*futs)
             assert i0.batches == [["1a", "3a"], ["1b", "3b"], ["1c"]]
             assert i1.batches == [["2a"], ["2b"]]
             # each response came from its sequence's instance
@@ -145,7 +156,7 @@ def test_an_idle_sequence_is_released_and_its_next_request_refused() -> None:
         inst = FakeInstance(held=False)
         sched = SequenceScheduler(MODEL, "1", config(seq_config(idle_us=2000)), [inst], stats())
         try:
-            await sched.submit(step("a", 5, 1, start=True), 1, KEY)
+            await answer(sched.submit(step("a", 5, 1, start=True), 1, KEY))
             await until(lambda: 5 not in sched._sequences, "the idle sequence is released")
             with pytest.raises(InvalidArgument) as refused:
                 sched.submit(step("b", 5, 2), 1, KEY)
@@ -159,7 +170,7 @@ def test_an_idle_sequence_is_released_and_its_next_request_refused() -> None:
             assert m is not None, str(refused.value)
             assert int(m.group(1)) >= 2000
             # START begins it again
-            again = await sched.submit(step("c", 5, 3, start=True), 1, KEY)
+            again = await answer(sched.submit(step("c", 5, 3, start=True), 1, KEY))
             assert again.outputs["OUT"].tolist() == [[30]]
             assert inst.batches == [["a"], ["c"]]
         finally:
@@ -230,18 +241,18 @@ def test_a_lost_worker_ends_only_the_sequences_of_its_instance() -> None:
             ]
             await until(lambda: i0.waiting == 1, "i0 executes")
             i0.release()
-            await asyncio.gather(*first)
+            await answers(*first)
             # sequence 1's next request fails with the worker; its queued one fails too
             b = sched.submit(step("1b", 1, 4), 1, KEY)
             c = sched.submit(step("1c", 1, 5), 1, KEY)
             other = sched.submit(step("2b", 2, 6), 1, KEY)
             await until(lambda: i0.waiting == 1, "1b executes")
             i0.release()
-            errors = await asyncio.gather(b, c, return_exceptions=True)
+            errors = await answers(b, c, errors=True)
             assert [(type(e), e.status, str(e)) for e in errors] == [
                 (WorkerLost, Status.INTERNAL, "the worker process of m_0_0 died")
             ] * 2
-            assert (await other).outputs["OUT"].tolist() == [[61]]
+            assert (await answer(other)).outputs["OUT"].tolist() == [[61]]
             # sequence 3 lived on the same instance: ended too; sequence 2 goes on
             with pytest.raises(InvalidArgument) as refused:
                 sched.submit(step("3b", 3, 7), 1, KEY)
@@ -251,8 +262,10 @@ def test_a_lost_worker_ends_only_the_sequences_of_its_instance() -> None:
                 "worker process was lost: the worker process of m_0_0 died)"
             )
             i0.open()
-            assert (await sched.submit(step("2c", 2, 8), 1, KEY)).outputs["OUT"].tolist() == [[81]]
-            restarted = await sched.submit(step("1d", 1, 9, start=True), 1, KEY)
+            assert (await answer(sched.submit(step("2c", 2, 8), 1, KEY))).outputs[
+                "OUT"
+            ].tolist() == [[81]]
+            restarted = await answer(sched.submit(step("1d", 1, 9, start=True), 1, KEY))
             assert restarted.outputs["OUT"].tolist() == [[90]]
             assert i0.batches == [["1a", "3a"], ["1b"], ["1d"]]
             assert i1.batches == [["2a"], ["2b"], ["2c"]]
