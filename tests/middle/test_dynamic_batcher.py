@@ -334,3 +334,36 @@ def test_several_instances_run_batches_at_the_same_time() -> None:
         assert [i.stopped for i in insts] == [True, True, True]
 
     run(main)
+
+
+def test_preserve_ordering_delivers_responses_in_dispatch_order() -> None:
+    async def main() -> None:
+        insts = [FakeInstance(0), FakeInstance(1)]
+        sched = Scheduler(
+            MODEL,
+            "1",
+            config("max_batch_size: 1 dynamic_batching { preserve_ordering: true }"),
+            insts,
+            stats(),
+        )
+        try:
+            first = sched.submit(request("first", 1), 1, KEY)
+            second = sched.submit(request("second", 2), 1, KEY)
+            await until(lambda: all(i.waiting == 1 for i in insts), "both execute")
+            slow = next(i for i in insts if i.batches == [["first"]])
+            fast = next(i for i in insts if i.batches == [["second"]])
+            fast.release()
+            await until(lambda: fast.finished == 1, "the second request's batch finishes")
+            await settle()
+            # its response waits for the one dispatched before it
+            assert (first.done(), second.done()) == (False, False)
+            slow.release()
+            results = await answers(first, second)
+            assert [r.outputs["OUT"].tolist() for r in results] == [
+                [[10 + slow.index]],
+                [[20 + fast.index]],
+            ]
+        finally:
+            await sched.stop()
+
+    run(main)

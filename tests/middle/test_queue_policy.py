@@ -22,6 +22,7 @@ from .fakes import (
     until,
 )
 
+HOUR_US = 3_600_000_000
 TIMEOUT_TEXT = (
     "Request timeout expired: model 'm' version 1 did not start the request within its queue "
     "timeout"
@@ -104,26 +105,31 @@ def test_a_default_timeout_rejects_a_request_that_did_not_start_in_time() -> Non
     run(main)
 
 
-def test_a_request_timeout_overrides_the_default_only_where_allowed_and_only_shorter() -> None:
+def test_a_request_timeout_overrides_the_default_only_to_shorten_it() -> None:
     async def main() -> None:
         inst = FakeInstance()
         sched = Scheduler(
             MODEL,
             "1",
             config(
-                "max_batch_size: 1 dynamic_batching { default_queue_policy { "
-                "allow_timeout_override: true } }"
+                "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
+                "default_queue_policy { allow_timeout_override: true } "
+                "priority_queue_policy { key: 2 value { allow_timeout_override: true "
+                "default_timeout_microseconds: 1000 } } }"
             ),
             [inst],
             stats(),
         )
         try:
-            running = sched.submit(request("o", 0), 1, KEY)
+            running = sched.submit(request("o", 0), 1, KEY, priority=1)
             await until(lambda: inst.waiting == 1, "the first request executes")
-            late = sched.submit(request("late", 1), 1, KEY, timeout_us=1000)
-            patient = sched.submit(request("patient", 2), 1, KEY)
-            await until(late.done, "the request's own timeout rejects it")
-            assert str(late.exception()) == TIMEOUT_TEXT
+            # level 1 has no timeout: the request's own 1000 us applies
+            late = sched.submit(request("late", 1), 1, KEY, priority=1, timeout_us=1000)
+            # level 2 has 1000 us: a longer request timeout does not extend it
+            longer = sched.submit(request("longer", 2), 1, KEY, priority=2, timeout_us=HOUR_US)
+            patient = sched.submit(request("patient", 3), 1, KEY, priority=1)
+            await until(lambda: late.done() and longer.done(), "both timeouts reject")
+            assert [str(f.exception()) for f in (late, longer)] == [TIMEOUT_TEXT] * 2
             inst.open()
             await answers(running, patient)
             assert inst.batches == [["o"], ["patient"]]

@@ -274,3 +274,32 @@ def test_a_lost_worker_ends_only_the_sequences_of_its_instance() -> None:
             await sched.stop()
 
     run(main)
+
+
+def test_the_oldest_strategy_batches_across_sequences_within_its_window() -> None:
+    async def main() -> None:
+        inst = FakeInstance(held=False)
+        cfg = (
+            "max_batch_size: 2 sequence_batching { oldest { max_candidate_sequences: 4 "
+            f"max_queue_delay_microseconds: {HOUR_US} }} {CONTROLS} }}"
+        )
+        st = stats()
+        sched = SequenceScheduler(MODEL, "1", config(cfg), [inst], st)
+        try:
+            started = [
+                sched.submit(step("1a", 1, 1, start=True), 1, KEY),
+                sched.submit(step("2a", 2, 2, start=True), 1, KEY),
+            ]
+            await answers(*started)
+            # one sequence's next request waits within the window for another's
+            lone = sched.submit(step("1b", 1, 3), 1, KEY)
+            await settle()
+            assert (lone.done(), st.pending, inst.batches) == (False, 1, [["1a", "2a"]])
+            mate = sched.submit(step("2b", 2, 4), 1, KEY)
+            results = await answers(lone, mate)
+            assert [r.outputs["OUT"].tolist() for r in results] == [[[30]], [[40]]]
+            assert inst.batches == [["1a", "2a"], ["1b", "2b"]]
+        finally:
+            await sched.stop()
+
+    run(main)
