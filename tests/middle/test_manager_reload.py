@@ -1,6 +1,6 @@
 """The model manager reloading a model while requests are in flight, in-process: a fake
 backend (registered under its own name) hands out fake instances; requests go through the
-one request path (``manager.serving.infer``: routing, validation, the scheduler).
+one request path (``Serving.infer``: routing, validation, the scheduler).
 
 The manager is driven only through its public calls (``load``, ``serving``, ``shutdown``)."""
 
@@ -13,6 +13,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from sluice.backends.base import ModelInstance, ModelSpec, register_backend
 from sluice.config import ControlMode, ServerConfig
+from sluice.core.registry import Registry
+from sluice.core.serving import Serving
 from sluice.repository.manager import ModelManager
 
 from .fakes import MODEL, FakeInstance, answer, answers, request, run, until
@@ -60,12 +62,15 @@ def test_a_reload_under_load_finishes_old_requests_on_the_old_instance(tmp_path:
     created = FakeBackend.created
 
     async def main() -> None:
+        registry = Registry()
+        serving = Serving(registry, None)
         manager = ModelManager(
-            ServerConfig(model_repositories=(repo,), control_mode=ControlMode.EXPLICIT)
+            ServerConfig(model_repositories=(repo,), control_mode=ControlMode.EXPLICIT),
+            registry,
+            serving,
         )
         try:
             await manager.load(MODEL)
-            serving = manager.serving
             # four requests fill a batch on the first load's (held) instance
             old = [asyncio.ensure_future(serving.infer(request(f"old{i}", i))) for i in range(4)]
             await until(lambda: len(created) == 1 and created[0].waiting == 1, "batch 1 runs")
