@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +160,16 @@ class InferenceService:
         self._admit(admitted)
         if request.shm_inputs:
             self._read_shm_inputs(request)
+        if request.shm_outputs:
+            # copied before the request counts as a success: a region too small is a failure
+            request.deliver = partial(self._write_shm_outputs, request)
         self._inflight += 1
         try:
             response = await self.serving.infer(request, protocol=protocol, single=single)
         finally:
             self._left()
-        if request.shm_outputs:
+        if request.deliver is not None:  # a path that counts no success of its own
+            request.deliver = None
             self._write_shm_outputs(request, response)
         return response
 

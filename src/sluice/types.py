@@ -45,6 +45,10 @@ class InferRequest:
     # The caller went away (stream closed, client disconnected): the model's is_cancelled().
     cancelled: bool = False
     on_cancel: Callable[[], object] | None = None
+    # Run on the answer before it counts as a success (the service's copy of outputs into
+    # shared memory): an error it raises is the request's, counted as a failure. Cleared once
+    # run; a path that does not run it leaves it to the caller.
+    deliver: Callable[[Any], object] | None = None
     # BLS: the models whose execute() is waiting on this request (a call cycle is refused).
     callers: tuple[str, ...] = ()
     # System shared memory inputs, resolved by the service: name -> (region, offset,

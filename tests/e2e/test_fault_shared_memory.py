@@ -96,8 +96,15 @@ def test_an_output_region_too_small_is_400_naming_the_output_and_sizes(srv, regi
         c.register_system_shared_memory(name, f"/{name}", 32)
         out = _mod(protocol).InferRequestedOutput("OUTPUT0")
         out.set_shared_memory(name, 8)  # OUTPUT0 is 16 bytes
+        before = _stats(srv, "add_sub")["inference_stats"]
         with pytest.raises(InferenceServerException) as exc:
             c.infer("add_sub", _add_sub_inputs(protocol, a, b), outputs=[out])
+        # the client got an error: the statistics count a failure, not a success
+        after = _stats(srv, "add_sub")["inference_stats"]
+        assert (
+            after["success"]["count"] - before["success"]["count"],
+            after["fail"]["count"] - before["fail"]["count"],
+        ) == (0, 1)
         assert _status(protocol, exc.value) == (
             "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
         )
@@ -112,6 +119,9 @@ def test_an_output_region_too_small_is_400_naming_the_output_and_sizes(srv, regi
         # the region and the model still serve a request that fits
         out.set_shared_memory(name, 16, offset=16)
         c.infer("add_sub", _add_sub_inputs(protocol, a, b), outputs=[out])
+        assert _stats(srv, "add_sub")["inference_stats"]["success"]["count"] == (
+            after["success"]["count"] + 1
+        )
         got = shm.get_contents_as_numpy(h, np.float32, [1, 4], offset=16)
         assert got.tolist() == (a + b).tolist()
         assert shm.get_contents_as_numpy(h, np.uint8, [16]).tolist() == [SENTINEL] * 16

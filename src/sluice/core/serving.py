@@ -207,8 +207,17 @@ class Serving:
     def _done(
         self, sv: ServingVersion, request: InferRequest, response: InferResponse, arrival: int
     ) -> InferResponse:
-        """A request answered with one response: finish it and count the success."""
+        """A request answered with one response: finish it, deliver it (``request.deliver``)
+        and count the success, or the failure the delivery raised."""
         self._finish(sv, request, response, arrival)
+        deliver = request.deliver
+        if deliver is not None:
+            request.deliver = None
+            try:
+                deliver(response)
+            except ServerError as exc:
+                sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(exc))
+                raise
         sv.stats.record_success(time.monotonic_ns() - arrival)
         return response
 
