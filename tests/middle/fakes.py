@@ -27,6 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from sluice.backends.base import ExecuteResult
 from sluice.core.stats import ModelStats
 from sluice.errors import ServerError
+from sluice.scheduling.scheduler import Scheduler
 from sluice.types import InferRequest, InferResponse
 
 __all__ = [
@@ -143,6 +144,12 @@ def config(text: str) -> mc.ModelConfig:
     cfg = text_format.Parse(text, mc.ModelConfig())
     cfg.name = cfg.name or MODEL
     return cfg
+
+
+def batcher(text: str, *instances: Any, st: ModelStats | None = None) -> Scheduler:
+    """The real dynamic-batching scheduler of model ``MODEL`` version 1 over ``instances``,
+    configured by the pbtxt ``text``."""
+    return Scheduler(MODEL, "1", config(text), list(instances), st if st is not None else stats())
 
 
 def stats() -> ModelStats:

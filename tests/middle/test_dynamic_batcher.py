@@ -5,16 +5,14 @@ its own rows back."""
 from __future__ import annotations
 
 from sluice.errors import Internal, Status, Unavailable
-from sluice.scheduling.scheduler import Scheduler
 
 from .fakes import (
     KEY,
-    MODEL,
     FakeInstance,
     Tracker,
     answer,
     answers,
-    config,
+    batcher,
     request,
     run,
     settle,
@@ -29,14 +27,10 @@ def test_batches_fill_up_to_max_batch_size_and_split_back_per_caller() -> None:
     async def main() -> None:
         inst = FakeInstance()
         st = stats()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                f"max_batch_size: 4 dynamic_batching {{ max_queue_delay_microseconds: {HOUR_US} }}"
-            ),
-            [inst],
-            st,
+        sched = batcher(
+            f"max_batch_size: 4 dynamic_batching {{ max_queue_delay_microseconds: {HOUR_US} }}",
+            inst,
+            st=st,
         )
         try:
             # one loop iteration: a(1 item) b(2) c(1) d(1) e(2) f(1)
@@ -69,14 +63,10 @@ def test_batches_fill_up_to_max_batch_size_and_split_back_per_caller() -> None:
 def test_a_request_that_would_overflow_the_batch_closes_it() -> None:
     async def main() -> None:
         inst = FakeInstance()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                f"max_batch_size: 4 dynamic_batching {{ max_queue_delay_microseconds: {HOUR_US} }}"
-            ),
-            [inst],
-            stats(),
+        sched = batcher(
+            f"max_batch_size: 4 dynamic_batching {{ max_queue_delay_microseconds: {HOUR_US} }}",
+            inst,
+            st=stats(),
         )
         try:
             # a(1) + b(2) = 3 items; c(2) would make 5 > 4: [a, b] runs at once, not waiting
@@ -109,15 +99,11 @@ def test_a_preferred_batch_size_runs_without_waiting_for_the_window() -> None:
     async def main() -> None:
         inst = FakeInstance(held=False)
         st = stats()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                "max_batch_size: 8 dynamic_batching { preferred_batch_size: [2] "
-                f"max_queue_delay_microseconds: {HOUR_US} }}"
-            ),
-            [inst],
-            st,
+        sched = batcher(
+            "max_batch_size: 8 dynamic_batching { preferred_batch_size: [2] "
+            f"max_queue_delay_microseconds: {HOUR_US} }}",
+            inst,
+            st=st,
         )
         try:
             futs = [sched.submit(request(r, i), 1, KEY) for i, r in enumerate("abc")]
@@ -145,12 +131,8 @@ def test_a_partial_batch_runs_once_its_window_has_passed() -> None:
     async def main() -> None:
         inst = FakeInstance(held=False)
         st = stats()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config("max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 2000 }"),
-            [inst],
-            st,
+        sched = batcher(
+            "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 2000 }", inst, st=st
         )
         try:
             fut = sched.submit(request("a", 4), 1, KEY)
@@ -169,7 +151,7 @@ def test_without_dynamic_batching_each_request_is_its_own_batch() -> None:
     async def main() -> None:
         inst = FakeInstance(held=False)
         st = stats()
-        sched = Scheduler(MODEL, "1", config("max_batch_size: 8"), [inst], st)
+        sched = batcher("max_batch_size: 8", inst, st=st)
         try:
             futs = [sched.submit(request(r, i), 1, KEY) for i, r in enumerate("abc")]
             await answers(*futs)
@@ -184,15 +166,11 @@ def test_without_dynamic_batching_each_request_is_its_own_batch() -> None:
 def test_priority_levels_take_the_higher_level_first_and_fill_across_levels() -> None:
     async def main() -> None:
         inst = FakeInstance()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                "max_batch_size: 2 dynamic_batching { priority_levels: 3 default_priority_level: 2 "
-                f"max_queue_delay_microseconds: {HOUR_US} }}"
-            ),
-            [inst],
-            stats(),
+        sched = batcher(
+            "max_batch_size: 2 dynamic_batching { priority_levels: 3 default_priority_level: 2 "
+            f"max_queue_delay_microseconds: {HOUR_US} }}",
+            inst,
+            st=stats(),
         )
         try:
             futs = [sched.submit(request(r, 0), 1, KEY, priority=1) for r in ("o1", "o2")]
@@ -221,7 +199,7 @@ def test_a_request_cancelled_while_queued_leaves_the_queue_unexecuted() -> None:
     async def main() -> None:
         inst = FakeInstance()
         st = stats()
-        sched = Scheduler(MODEL, "1", config("max_batch_size: 1"), [inst], st)
+        sched = batcher("max_batch_size: 1", inst, st=st)
         try:
             first = sched.submit(request("o", 1), 1, KEY)
             await until(lambda: inst.waiting == 1, "the first request executes")
@@ -254,14 +232,11 @@ def test_an_instance_failure_fails_only_its_batch() -> None:
     async def main() -> None:
         i0, i1 = FakeInstance(0, fail=fail), FakeInstance(1, fail=fail)
         st = stats()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                f"max_batch_size: 2 dynamic_batching {{ max_queue_delay_microseconds: {HOUR_US} }}"
-            ),
-            [i0, i1],
-            st,
+        sched = batcher(
+            f"max_batch_size: 2 dynamic_batching {{ max_queue_delay_microseconds: {HOUR_US} }}",
+            i0,
+            i1,
+            st=st,
         )
         try:
             # two batches at once, one per instance; the one with "crash" raises
@@ -302,7 +277,7 @@ def test_several_instances_run_batches_at_the_same_time() -> None:
         tracker = Tracker()
         insts = [FakeInstance(i, tracker=tracker) for i in range(3)]
         st = stats()
-        sched = Scheduler(MODEL, "1", config("max_batch_size: 4"), insts, st)
+        sched = batcher("max_batch_size: 4", *insts, st=st)
         try:
             futs = [sched.submit(request(f"r{i}", i), 1, KEY) for i in range(4)]
             await until(lambda: tracker.running == 3, "three batches execute at once")
@@ -339,13 +314,7 @@ def test_several_instances_run_batches_at_the_same_time() -> None:
 def test_preserve_ordering_delivers_responses_in_dispatch_order() -> None:
     async def main() -> None:
         insts = [FakeInstance(0), FakeInstance(1)]
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config("max_batch_size: 1 dynamic_batching { preserve_ordering: true }"),
-            insts,
-            stats(),
-        )
+        sched = batcher("max_batch_size: 1 dynamic_batching { preserve_ordering: true }", *insts)
         try:
             first = sched.submit(request("first", 1), 1, KEY)
             second = sched.submit(request("second", 2), 1, KEY)

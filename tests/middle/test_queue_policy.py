@@ -7,14 +7,12 @@ from __future__ import annotations
 import pytest
 
 from sluice.errors import Status, Unavailable
-from sluice.scheduling.scheduler import Scheduler
 
 from .fakes import (
     KEY,
-    MODEL,
     FakeInstance,
     answers,
-    config,
+    batcher,
     request,
     run,
     settle,
@@ -33,15 +31,11 @@ def test_a_full_priority_queue_refuses_with_unavailable_and_the_other_level_stil
     async def main() -> None:
         inst = FakeInstance()
         st = stats()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
-                "priority_queue_policy { key: 2 value { max_queue_size: 2 } } }"
-            ),
-            [inst],
-            st,
+        sched = batcher(
+            "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
+            "priority_queue_policy { key: 2 value { max_queue_size: 2 } } }",
+            inst,
+            st=st,
         )
         try:
             running = sched.submit(request("o", 0), 1, KEY, priority=2)
@@ -72,16 +66,12 @@ def test_a_default_timeout_rejects_a_request_that_did_not_start_in_time() -> Non
     async def main() -> None:
         inst = FakeInstance()
         st = stats()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
-                "priority_queue_policy { key: 2 value { timeout_action: REJECT "
-                "default_timeout_microseconds: 1000 } } }"
-            ),
-            [inst],
-            st,
+        sched = batcher(
+            "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
+            "priority_queue_policy { key: 2 value { timeout_action: REJECT "
+            "default_timeout_microseconds: 1000 } } }",
+            inst,
+            st=st,
         )
         try:
             running = sched.submit(request("o", 0), 1, KEY, priority=1)  # level 1: no timeout
@@ -108,17 +98,13 @@ def test_a_default_timeout_rejects_a_request_that_did_not_start_in_time() -> Non
 def test_a_request_timeout_overrides_the_default_only_to_shorten_it() -> None:
     async def main() -> None:
         inst = FakeInstance()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
-                "default_queue_policy { allow_timeout_override: true } "
-                "priority_queue_policy { key: 2 value { allow_timeout_override: true "
-                "default_timeout_microseconds: 1000 } } }"
-            ),
-            [inst],
-            stats(),
+        sched = batcher(
+            "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
+            "default_queue_policy { allow_timeout_override: true } "
+            "priority_queue_policy { key: 2 value { allow_timeout_override: true "
+            "default_timeout_microseconds: 1000 } } }",
+            inst,
+            st=stats(),
         )
         try:
             running = sched.submit(request("o", 0), 1, KEY, priority=1)
@@ -142,15 +128,11 @@ def test_a_request_timeout_overrides_the_default_only_to_shorten_it() -> None:
 def test_a_request_timeout_is_ignored_without_allow_timeout_override() -> None:
     async def main() -> None:
         inst = FakeInstance()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                "max_batch_size: 1 dynamic_batching { default_queue_policy { "
-                "default_timeout_microseconds: 3600000000 } }"
-            ),
-            [inst],
-            stats(),
+        sched = batcher(
+            "max_batch_size: 1 dynamic_batching { default_queue_policy { "
+            "default_timeout_microseconds: 3600000000 } }",
+            inst,
+            st=stats(),
         )
         try:
             running = sched.submit(request("o", 0), 1, KEY)
@@ -172,16 +154,12 @@ def test_delay_action_serves_an_expired_request_after_everything_else() -> None:
     async def main() -> None:
         inst = FakeInstance()
         st = stats()
-        sched = Scheduler(
-            MODEL,
-            "1",
-            config(
-                "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
-                "priority_queue_policy { key: 1 value { timeout_action: DELAY "
-                "default_timeout_microseconds: 1000 } } }"
-            ),
-            [inst],
-            st,
+        sched = batcher(
+            "max_batch_size: 1 dynamic_batching { priority_levels: 2 "
+            "priority_queue_policy { key: 1 value { timeout_action: DELAY "
+            "default_timeout_microseconds: 1000 } } }",
+            inst,
+            st=st,
         )
         try:
             running = sched.submit(request("o", 0), 1, KEY, priority=2)
