@@ -278,12 +278,7 @@ class SequenceScheduler(Scheduler):
             if s.pending and _flag(s.pending[0].request.parameters.get("sequence_start")):
                 continue
             del self._sequences[corr]
-            while s.pending:
-                job = s.pending.popleft()
-                self._queued -= 1
-                self.stats.pending -= 1
-                if not job.future.done():
-                    job.future.set_exception(error)
+            self._fail_waiting(s, error)
             if not s.ended:
                 self._remember(corr, why)
         self._maybe_idle()
@@ -295,13 +290,17 @@ class SequenceScheduler(Scheduler):
 
     def fail_queued(self, error: Any) -> None:
         for s in self._sequences.values():
-            while s.pending:
-                job = s.pending.popleft()
-                self._queued -= 1
-                self.stats.pending -= 1
-                if not job.future.done():
-                    job.future.set_exception(error)
+            self._fail_waiting(s, error)
         super().fail_queued(error)
+
+    def _fail_waiting(self, s: _Sequence, error: Any) -> None:
+        """Fail the requests waiting in sequence ``s``'s own queue with ``error``."""
+        while s.pending:
+            job = s.pending.popleft()
+            self._queued -= 1
+            self.stats.pending -= 1
+            if not job.future.done():
+                job.future.set_exception(error)
 
     # -------------------------------------------------------------------- idle
     def _arm_reaper(self) -> None:
