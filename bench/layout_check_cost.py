@@ -77,8 +77,9 @@ async def measure(rounds: int) -> None:
         {"INPUT0": a, "INPUT1": a},
         outputs=[OutputSpec("OUTPUT0"), OutputSpec("OUTPUT1")],
     ).SerializeToString()
-    codec.read_model_infer(payload)  # learns the layout
-    req = infer_layout.match(payload)
+    LAYOUTS = infer_layout.GrpcLayouts()
+    codec.read_model_infer(payload, LAYOUTS)  # learns the layout
+    req = LAYOUTS.match(payload)
     assert req is not None and req.signature is not None
 
     admit: Any = serving._admit
@@ -89,7 +90,7 @@ async def measure(rounds: int) -> None:
     async def infers(count: int) -> float:
         t0 = timeit.default_timer()
         for _ in range(count):
-            r = infer_layout.match(payload)
+            r = LAYOUTS.match(payload)
             assert r is not None
             await serving.infer(r)
         return (timeit.default_timer() - t0) / count * 1e9

@@ -18,8 +18,11 @@ from sluice.core.serving import Serving
 from sluice.core.stats import ModelStats
 from sluice.errors import InvalidArgument, NotFound
 from sluice.protocol import grpc_codec
+from sluice.protocol.infer_layout import GrpcLayouts
 from sluice.scheduling.scheduler import Scheduler
 from sluice.types import InferRequest, InferResponse
+
+LAYOUTS = GrpcLayouts()  # what a gRPC front-end keeps
 
 CONFIG = """
 name: "doubler" backend: "python" max_batch_size: 4
@@ -115,9 +118,9 @@ def test_a_layouts_validation_is_not_reused_for_another_version() -> None:
         registry.publish("doubler", {1: v1})
         data = np.array([[1.0, 2.0]], np.float32)
         payload = grpc_codec.encode_infer_request("doubler", {"IN": data}).SerializeToString()
-        grpc_codec.read_model_infer(payload)  # the first one teaches the layout
+        grpc_codec.read_model_infer(payload, LAYOUTS)  # the first one teaches the layout
         for _ in range(2):
-            req = grpc_codec.read_model_infer(payload)
+            req = grpc_codec.read_model_infer(payload, LAYOUTS)
             assert req.signature is not None  # decoded from the learned layout
             response = await serving.infer(req)
             np.testing.assert_array_equal(response.outputs["OUT"], data * 2)
@@ -126,7 +129,7 @@ def test_a_layouts_validation_is_not_reused_for_another_version() -> None:
         other = FakeInstance()
         v2 = ServingVersion.build(_spec(2, dims=3), [other], ModelStats("doubler", "2"))
         registry.publish("doubler", {2: v2})  # the swap: version 1 no longer serves
-        req = grpc_codec.read_model_infer(payload)
+        req = grpc_codec.read_model_infer(payload, LAYOUTS)
         assert req.signature is not None
         with pytest.raises(InvalidArgument, match=r"unexpected shape for input 'IN'.*\[-1,3\]"):
             await serving.infer(req)

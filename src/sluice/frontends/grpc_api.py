@@ -33,6 +33,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from ..errors import InvalidArgument, ServerError, Status, Unsupported
 from ..protocol import grpc_codec as codec
 from ..protocol import json_body
+from ..protocol.infer_layout import GrpcLayouts
 from ..security.access import CALLER, AccessDenied, Policy, client_address
 from ..security.tls import TlsFiles
 from ..service import InferenceService
@@ -107,6 +108,8 @@ class GrpcHandlers:
         # --traffic-follows-readiness: gRPC itself stops taking calls at SIGTERM (a proxy
         # then passes them on), so a call that reached a handler is in flight, not refused
         self.admitted = service.config.traffic_follows_readiness
+        # the ModelInfer layouts this front-end has learned (a repeated one skips protobuf)
+        self.layouts = GrpcLayouts()
 
     # --- health / metadata --------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -154,7 +157,7 @@ class GrpcHandlers:
         if self.tracer.on:
             msg, raws = codec.parse_model_infer(payload)
             return msg, raws, received_ns
-        req = codec.read_model_infer(payload)
+        req = codec.read_model_infer(payload, self.layouts)
         req.arrival_ns = received_ns
         return req
 
