@@ -4,14 +4,15 @@ is built from a config and started instances.
 
 Rules of this file:
 - The registry is written only through its write methods (``publish``, ``retire``,
-  ``set_state``, ``set_states``, ``drop_state``, ``set_traffic``, ``record``, ``forget``),
-  called by the manager's load / unload / poll procedures (``repository/manager.py``,
-  ``repository/versions.py``). Everyone else (the request path, the service, metrics, the
+  ``set_state``, ``set_states``, ``drop_state``, ``set_required``, ``set_traffic``,
+  ``record``, ``forget``), called by the manager's load / unload / poll procedures
+  (``repository/manager.py``, ``repository/versions.py``). Everyone else (the request path, the service, metrics, the
   dashboard, the control file) only reads, through the read methods.
 - A serving set is replaced in one assignment (``publish``): a request finds either the old
   set or the new one, never a mix.
-- A ``ModelRecord``'s bookkeeping of loads (lock, directory signature, overrides, dependents)
-  belongs to the manager; readers look at ``serving``, ``states``, ``split`` and ``stats``.
+- A record holds what serves and what the index and readiness show; the bookkeeping of
+  loads (lock, directory signature, overrides, dependents) is the manager's own
+  (``repository/load_book.py``), not here.
 - ``ServingVersion.build`` needs no manager: a config, started instances and statistics make
   a version that ``core.serving.Serving`` can serve (unit tests drive it with fake instances).
 
@@ -25,7 +26,6 @@ Usage::
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -47,12 +47,8 @@ __all__ = [
     "TensorInfo",
     "ServingVersion",
     "ModelRecord",
-    "Override",
     "Registry",
 ]
-
-# (path, mtime_ns, size) of every entry under a model's directory
-Signature = tuple[tuple[str, int, int], ...]
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -146,15 +142,6 @@ class ServingVersion:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Override:
-    """The 'config' (and 'file:<path>' contents) a load carried; kept while it is in force so
-    that the control state can record it (``repository/control_file.py``)."""
-
-    config: str
-    files: dict[str, bytes] = field(default_factory=dict)
-
-
 @dataclass(slots=True)
 class ModelRecord:
     name: str
@@ -163,18 +150,8 @@ class ModelRecord:
     states: dict[int, tuple[str, str]] = field(default_factory=dict)
     latest: ServingVersion | None = None  # highest serving version
     required: bool = False  # counts for strict readiness
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # kept across reloads so statistics stay cumulative, as in Triton
     stats: dict[int, ModelStats] = field(default_factory=dict)
-    # what the model's directory looked like at the last load attempt (poll mode compares)
-    signature: Signature = ()
-    # (directory signature, override key) of what serves now: a load reloads only if changed
-    loaded: tuple[Signature, tuple[object, ...] | None] | None = None
-    dependents: set[str] = field(default_factory=set)
-    # the whole-model load's override in force (None: the repository's files), and the
-    # overrides of versions loaded one by one (``versions.py``); meaningful while serving
-    override: Override | None = None
-    version_overrides: dict[int, Override] = field(default_factory=dict)
     # weighted split of requests that name no version (``traffic.py``); None: the latest
     split: TrafficSplit[ServingVersion] | None = None
 
@@ -280,6 +257,10 @@ class Registry:
         rec = self._records.get(name)
         if rec is not None:
             rec.states.pop(version, None)
+
+    def set_required(self, name: str, required: bool) -> None:
+        """Whether ``name`` counts for the server's readiness (--strict-readiness)."""
+        self.record(name).required = required
 
     def set_traffic(self, name: str, split: TrafficSplit[ServingVersion] | None) -> None:
         """The weighted split of requests that name no version (None: the latest)."""
