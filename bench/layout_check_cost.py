@@ -23,11 +23,12 @@ async def measure(rounds: int) -> None:
     from tritonclient.grpc import model_config_pb2 as mc
 
     from sluice.backends.base import ExecuteResult, ModelSpec
-    from sluice.core.registry import Registry, ServingVersion
+    from sluice.core.registry import Registry
     from sluice.core.serving import Serving
     from sluice.core.stats import ModelStats
     from sluice.protocol import grpc_codec as codec
     from sluice.protocol import infer_layout
+    from sluice.scheduling.serving_version import build as build_version
     from sluice.types import InferRequest, InferResponse, OutputSpec
 
     config = text_format.Parse(
@@ -68,7 +69,7 @@ async def measure(rounds: int) -> None:
     spec = ModelSpec("add_sub", 1, here, here / "1", config, here.parent)
     registry = Registry()
     serving = Serving(registry)
-    sv = ServingVersion.build(spec, [Fake()], ModelStats("add_sub", "1"))
+    sv = build_version(spec, [Fake()], ModelStats("add_sub", "1"))
     registry.publish("add_sub", {1: sv})
 
     a = np.ones((1, 4), np.float32)

@@ -13,29 +13,33 @@ Rules of this file:
 - A record holds what serves and what the index and readiness show; the bookkeeping of
   loads (lock, directory signature, overrides, dependents) is the manager's own
   (``repository/load_book.py``), not here.
-- ``ServingVersion.build`` needs no manager: a config, started instances and statistics make
-  a version that ``core.serving.Serving`` can serve (unit tests drive it with fake instances).
+- A ``ServingVersion`` needs no manager: ``scheduling.serving_version.build`` makes one from
+  a config, started instances and statistics, and ``core.serving.Serving`` serves it (unit
+  tests drive it with fake instances). The registry knows a scheduler only by what it is
+  asked (``VersionScheduler``).
 
 Usage::
 
     registry = Registry()
     serving = Serving(registry)
-    registry.publish("m", {1: ServingVersion.build(spec, instances, ModelStats("m", "1"))})
+    registry.publish("m", {1: build(spec, instances, ModelStats("m", "1"))})
     response = await serving.infer(request)
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ModelInstance, ModelSpec
+from ..backends.base import ModelSpec
+from ..errors import ServerError
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
-from ..scheduling.scheduler import Scheduler
-from ..scheduling.sequence import SequenceScheduler
+from ..types import InferRequest, InferResponse
 from .stats import ModelStats
 from .traffic import TrafficSplit
 
@@ -46,6 +50,7 @@ __all__ = [
     "UNLOADING",
     "TensorInfo",
     "ServingVersion",
+    "VersionScheduler",
     "ModelRecord",
     "Registry",
 ]
@@ -81,12 +86,32 @@ def tensor_infos(tensors: list[mc.ModelInput] | list[mc.ModelOutput]) -> dict[st
     return out
 
 
+class VersionScheduler(Protocol):
+    """What the request path and the manager ask of a version's scheduler (the dynamic or
+    sequence batcher, ``scheduling/``): queue a validated request, drain, stop."""
+
+    def submit(
+        self,
+        request: InferRequest,
+        batch_size: int,
+        shape_key: tuple[Any, ...],
+        priority: int = 0,
+        timeout_us: int = 0,
+    ) -> asyncio.Future[InferResponse]: ...
+
+    async def drain(self) -> None: ...
+
+    def fail_queued(self, error: ServerError) -> None: ...
+
+    async def stop(self, grace: float | None = None) -> None: ...
+
+
 @dataclass(slots=True)
 class ServingVersion:
     """A loaded version: its config, scheduler and statistics. Immutable once serving."""
 
     spec: ModelSpec
-    scheduler: Scheduler
+    scheduler: VersionScheduler
     stats: ModelStats
     inputs: dict[str, TensorInfo]
     outputs: dict[str, TensorInfo]
@@ -102,44 +127,6 @@ class ServingVersion:
     @property
     def config(self) -> mc.ModelConfig:
         return self.spec.config
-
-    @classmethod
-    def build(
-        cls,
-        spec: ModelSpec,
-        instances: list[ModelInstance],
-        stats: ModelStats,
-        *,
-        generation: int = 0,
-        cache: bool = False,
-    ) -> ServingVersion:
-        """The serving version of ``spec`` over started ``instances``: its scheduler (the
-        sequence batcher when the config has one), tensor tables and flags. ``cache``: the
-        server has a response cache (the version uses it if its config enables it)."""
-        config = spec.config
-        name, v = spec.name, str(spec.version)
-        sequence = config.HasField("sequence_batching")
-        scheduler = (
-            SequenceScheduler(name, v, config, instances, stats, spec.model_dir)
-            if sequence
-            else Scheduler(name, v, config, instances, stats)
-        )
-        inputs = tensor_infos(list(config.input))
-        decoupled = config.model_transaction_policy.decoupled
-        return cls(
-            spec=spec,
-            scheduler=scheduler,
-            stats=stats,
-            inputs=inputs,
-            outputs=tensor_infos(list(config.output)),
-            required_inputs=frozenset(n for n, t in inputs.items() if not t.optional),
-            max_batch_size=config.max_batch_size,
-            version_str=v,
-            generation=generation,
-            decoupled=decoupled,
-            # Triton: only the default and dynamic batchers use the cache
-            cached=cache and config.response_cache.enable and not decoupled and not sequence,
-        )
 
 
 @dataclass(slots=True)

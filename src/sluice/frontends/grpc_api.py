@@ -30,12 +30,13 @@ from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from ..config import TlsFiles
 from ..errors import InvalidArgument, ServerError, Status, Unsupported
 from ..protocol import grpc_codec as codec
 from ..protocol import json_body
 from ..protocol.infer_layout import GrpcLayouts
 from ..security.access import CALLER, AccessDenied, Policy, client_address
-from ..security.tls import TlsFiles
+from ..security.tls import pems as tls_pems
 from ..service import InferenceService
 from ..types import InferRequest, InferResponse
 from .errors import grpc_error
@@ -625,7 +626,7 @@ async def start_grpc_server(
         if tls is None:
             bound = server.add_insecure_port(address)
         else:
-            key, cert, root, mutual = tls.pems()
+            key, cert, root, mutual = tls_pems(tls)
             creds = grpc.ssl_server_credentials(
                 [(key.encode(), cert.encode())],
                 root_certificates=root.encode() if root else None,

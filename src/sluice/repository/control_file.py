@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.registry import ModelRecord, Registry
 from ..core.traffic import parse_weights, weights_doc
+from ..core.validation import check_model_name
 from ..errors import NotFound, ServerError
 from . import layout
 from .load_book import LoadBook, Override
@@ -128,7 +129,7 @@ def _version(text: Any, where: str) -> int:
 def _model(name: str, doc: Any) -> ModelState:
     where = f"models['{name}']"
     try:
-        layout.check_model_name(name)
+        check_model_name(name)
     except ServerError as exc:
         raise _Bad(f"{where}: {exc}") from None
     if type(doc) is not dict:

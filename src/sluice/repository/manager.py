@@ -43,6 +43,7 @@ from ..core.registry import (
 )
 from ..core.serving import Serving
 from ..core.stats import ModelStats
+from ..core.validation import check_model_name
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from . import layout
 from .admission import MemoryAdmission
@@ -272,7 +273,7 @@ class ModelManager:
         nothing (as Triton): a plain load keeps an override given earlier in force. Every
         failure's message starts with Triton's "failed to load '<name>'"."""
         try:
-            layout.check_model_name(name)
+            check_model_name(name)
             config_json, files = parse_load_params(name, parameters)
             override = _override_key(config_json, files)
             while True:
@@ -578,7 +579,7 @@ class ModelManager:
 
     # ----------------------------------------------------------------- unload
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        layout.check_model_name(name)
+        check_model_name(name)
         rec = self.registry.get(name)
         if rec is None:
             # Triton answers success for a model it does not know; so do we.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.registry import UNAVAILABLE, UNLOADING, ModelRecord
 from ..core.traffic import TrafficSplit, parse_weights, weights_doc
+from ..core.validation import check_model_name
 from ..errors import VERSION_STRING_ERROR, InvalidArgument, NotFound, ServerError
 from . import layout
 from .load_book import LoadBook, Override, Signature
@@ -74,7 +75,7 @@ async def load_version(
     """Load (or refresh) version ``version`` of ``name`` in addition to the serving ones;
     a failure's message starts with Triton's "failed to load '<name>'"."""
     try:
-        layout.check_model_name(name)
+        check_model_name(name)
         v = parse_version(name, version)
         config_json, files = parse_load_params(name, parameters)
         while True:
@@ -147,7 +148,7 @@ async def _load_locked(
 async def unload_version(manager: ModelManager, name: str, version: Any) -> None:
     """Unload version ``version`` of ``name``; the other versions keep serving. A version that
     is not serving (but exists) is already unloaded: nothing to do."""
-    layout.check_model_name(name)
+    check_model_name(name)
     v = parse_version(name, version)
     rec = manager.registry.get(name)
     repo_dir = layout.find_model_dir_or_none(manager.repositories, name)
@@ -191,7 +192,7 @@ async def unload_version(manager: ModelManager, name: str, version: Any) -> None
 
 # ---------------------------------------------------------------------------------- traffic
 def _known(manager: ModelManager, name: str) -> ModelRecord | None:
-    layout.check_model_name(name)
+    check_model_name(name)
     rec = manager.registry.get(name)
     if (rec is None or not rec.present) and layout.find_model_dir_or_none(
         manager.repositories, name
