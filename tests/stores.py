@@ -39,15 +39,16 @@ clients take it: CLOUD_STORAGE_EMULATOR_ENDPOINT is google-cloud-cpp's variable,
 inside Triton; STORAGE_EMULATOR_HOST the Python client's)::
 
     GCSStore(bucket, prefix=prefix,
-             config={"service_account_key": json.dumps({
-                 "gcs_base_url": "http://127.0.0.1:PORT", "disable_oauth": True,
-                 "client_email": "", "private_key": "", "private_key_id": ""})},
+             config={"base_url": "http://127.0.0.1:PORT", "skip_signature": True},
              client_options={"allow_http": True})
 
-  ``disable_oauth`` makes obstore send no Authorization header and ask no token server; the
-  key must have all four fields. ``config={"skip_signature": True}`` does NOT work (obstore
-  0.12 still asks the metadata server for a token), and obstore's plain PUT (the XML API) is
-  not served by fake-gcs-server (400 "invalid uploadType"): sluice only lists and reads.
+  ``skip_signature`` sends no Authorization header and asks no token server; it serves list,
+  head and get (all sluice does), but obstore 0.12 still fetches a token for a put. Writes would
+  need a service-account key instead: ``{"service_account_key": json.dumps({"gcs_base_url":
+  URL, "disable_oauth": true, "client_email": "", "private_key": "", "private_key_id": ""})}``
+  (all five fields), which works for reads too. Either way obstore's plain PUT (the XML API) is
+  not served by fake-gcs-server (400 "invalid uploadType"). ETags: a listing gives the JSON
+  API's tag unquoted, a head the same tag quoted: compare them without the quotes.
 
 Azure (``as://devstoreaccount1/container/prefix``; Triton's account and key variables
 AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY, which obstore does not read under those names)::
@@ -58,7 +59,9 @@ AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY, which obstore does not read under thos
                client_options={"allow_http": True})
 
   env: AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY, and AZURE_STORAGE_ENDPOINT for the emulator's
-  account URL (obstore's own name for its ``endpoint``; Azurite serves accounts path-style).
+  account URL (obstore's own name for its ``endpoint``; Azurite serves accounts path-style, so
+  the URL ends in the account's name). obstore's other way, ``use_emulator`` with
+  AZURITE_BLOB_STORAGE_URL=http://127.0.0.1:PORT, works too; a wrong key is refused (403).
 """
 
 from __future__ import annotations
@@ -579,15 +582,8 @@ class GcsServer(StoreServer):
         }
 
     def obstore_kwargs(self) -> dict[str, Any]:
-        key = {
-            "gcs_base_url": self.endpoint,
-            "disable_oauth": True,
-            "client_email": "",
-            "private_key": "",
-            "private_key_id": "",
-        }
         return {
-            "config": {"service_account_key": json.dumps(key)},
+            "config": {"base_url": self.endpoint, "skip_signature": True},
             "client_options": {"allow_http": True},
         }
 
