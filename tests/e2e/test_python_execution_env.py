@@ -316,3 +316,19 @@ def test_corrupt_archive(start_server: Any, tmp_path: Path, built: dict[str, Pat
     assert code == 400
     assert f"failed to unpack the Python execution environment {bad}: " in error, error
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []  # nothing half-unpacked kept
+
+
+def test_stub_timeout_bounds_the_environment_interpreter(
+    start_server: Any, tmp_path: Path, built: dict[str, Path]
+) -> None:
+    slow = _venv(tmp_path / "slow-venv", numpy_dir=built["numpy_dir"]).resolve()
+    (site,) = slow.glob("lib/python3.*/site-packages")
+    (site / "sitecustomize.py").write_text("import time\ntime.sleep(30)\n")  # a hung start
+    code, error = _refused(
+        start_server, tmp_path, str(slow), "--backend-config=python,stub-timeout-seconds=1"
+    )
+    assert code == 400
+    assert error.endswith(
+        f"the interpreter of the Python execution environment {slow} did not answer within "
+        f"stub-timeout-seconds=1 (python model 'bad_env', EXECUTION_ENV_PATH '{slow}')"
+    ), error

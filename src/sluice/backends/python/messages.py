@@ -106,7 +106,8 @@ class BlsReply:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """The client of request ``index`` of execution ``id`` went away."""
+    """Parent -> worker: the client of request ``index`` of execution ``id`` went away.
+    Worker -> parent (``index`` -1): the model cancelled its decoupled BLS call ``id``."""
 
     id: int
     index: int

@@ -34,6 +34,7 @@ from .envprocess import env_process
 from .messages import (
     AutoCompleteReply,
     BlsCall,
+    Cancel,
     ExecuteReply,
     InitFailed,
     Message,
@@ -337,7 +338,7 @@ class WorkerClient:
 
     def _dispatch(self, msg: Message) -> None:
         kind = type(msg)
-        if kind is Respond or kind is BlsCall:  # the worker asks, not answers
+        if kind is Respond or kind is BlsCall or kind is Cancel:  # the worker asks
             if self.on_message is not None:
                 self.on_message(msg)
             return

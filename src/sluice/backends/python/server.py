@@ -218,7 +218,12 @@ class PythonInstance:
         self.spec = spec
         self._model_version = str(spec.version)
         self._all_outputs = tuple(o.name for o in spec.config.output)
-        self._settings = load_settings(spec)
+        # a wrong setting fails this version's load when it starts (as Triton's does)
+        self._bad_settings: ServerError | None = None
+        try:
+            self._settings = load_settings(spec)
+        except ServerError as exc:
+            self._settings, self._bad_settings = PythonSettings(), exc
         self._setup = _setup(spec, name, kind, device_id, "serve", self._settings)
         self.worker = WorkerClient(
             self._setup,
@@ -286,6 +291,8 @@ class PythonInstance:
                 f"unable to find '{path}' for python model '{self.spec.name}' version"
                 f" {self.spec.version}"
             )
+        if self._bad_settings is not None:
+            raise self._bad_settings
         if ENV_PATH_PARAM in self.spec.config.parameters and self.worker.exec_env is None:
             loop = asyncio.get_running_loop()
             self.worker.exec_env = await loop.run_in_executor(
@@ -434,6 +441,8 @@ class PythonInstance:
                 del self._streams[key]
                 self._streams_closed()
             r.responses.put_nowait(self._stream_response(r, msg))
+        elif type(msg) is Cancel:  # the model cancelled its decoupled BLS call msg.id
+            self._calls.cancel(msg.id)
         else:
             self._calls.start(msg)
 
@@ -485,7 +494,10 @@ class PythonBackend:
 
         Blocking (spawns a process): call it from a thread when a loop is running.
         """
-        settings = load_settings(spec)
+        try:
+            settings = load_settings(spec)
+        except ServerError:
+            return spec.config  # the version's load fails with it, as in Triton
         path = _model_file(spec)
         if not path.is_file() or not _defines_auto_complete(path):
             return spec.config
