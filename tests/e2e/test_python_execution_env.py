@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -19,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.http as httpclient
 
 from tests import zoo
-from tests.e2e.helpers import http_client, post
+from tests.e2e.helpers import http_client, post, wait_until
 
 ENV_PY = """
 import json
@@ -57,19 +59,33 @@ class TritonPythonModel:
 """
 
 
-def _config(name: str, env_path: str | None, count: int = 1) -> str:
+# auto_complete_config runs under the environment too: it adds INFO only if envmark imports
+AUTO_PY = (
+    ENV_PY
+    + """
+    @staticmethod
+    def auto_complete_config(config):
+        import envmark  # only the environment has it
+
+        config.add_output({"name": "INFO", "data_type": "TYPE_STRING", "dims": [1]})
+        return config
+"""
+)
+
+
+def _config(name: str, env_path: str | None, count: int = 1, info: bool = True) -> str:
     param = (
         f'parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{env_path}" }} }}'
         if env_path is not None
         else ""
     )
+    info_out = ', { name: "INFO", data_type: TYPE_STRING, dims: [ 1 ] }' if info else ""
     return f"""
         name: "{name}"
         backend: "python"
         max_batch_size: 0
         input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ 2 ] }} ]
-        output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 2 ] }},
-                 {{ name: "INFO", data_type: TYPE_STRING, dims: [ 1 ] }} ]
+        output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 2 ] }}{info_out} ]
         instance_group [ {{ kind: KIND_CPU, count: {count} }} ]
         {param}
         """
@@ -142,7 +158,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def repo(tmp_path_factory: pytest.TempPathFactory, built: dict[str, Path]) -> Path:
     repo = tmp_path_factory.mktemp("env-repo") / "repo"
     repo.mkdir()
-    # two models, three instances, one archive: unpacked once
+    # three models, four instances, one archive (two copies of it): unpacked once
     mdir = zoo.write_model(
         repo, "env_tar", _config("env_tar", "$$TRITON_MODEL_DIRECTORY/env.tar.gz", 2), ENV_PY
     )
@@ -150,6 +166,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory, built: dict[str, Path]) -> Pa
     zoo.write_model(repo, "env_tar_b", _config("env_tar_b", str(built["archive"])), ENV_PY)
     zoo.write_model(repo, "env_dir", _config("env_dir", str(built["dir_env"])), ENV_PY)
     zoo.write_model(repo, "plain", _config("plain", None), ENV_PY)
+    zoo.write_model(
+        repo, "env_auto", _config("env_auto", str(built["archive"]), info=False), AUTO_PY
+    )
     return repo
 
 
@@ -166,7 +185,7 @@ def test_archive_unpacked_once_and_reused_across_restarts(
     start_server: Any, repo: Path, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    srv = _serve(start_server, repo, cache, "env_tar", "env_tar_b", "env_dir", "plain")
+    srv = _serve(start_server, repo, cache, "env_tar", "env_tar_b", "env_dir", "plain", "env_auto")
     (unpacked,) = _unpacked_dirs(cache)  # 3 instances of 2 models loaded together: one copy
     assert not list(cache.glob(".*.*")), list(cache.iterdir())  # no partial unpacking left
     for model in ("env_tar", "env_tar_b"):
@@ -178,6 +197,16 @@ def test_archive_unpacked_once_and_reused_across_restarts(
         assert info["prefix"] == str(unpacked)
         assert info["executable"] == str(unpacked / "bin" / "python3")
         assert info["pythonhome"] is None
+    # auto_complete_config ran under the environment (it imports envmark to add INFO)
+    assert _info(srv, "env_auto")["virtual_env"] == str(unpacked)
+    # a worker that dies is replaced under the same environment
+    before = _info(srv, "env_tar_b")
+    os.kill(before["pid"], signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(before["pid"]), what="the worker to die")
+    after_kill = _info(srv, "env_tar_b")
+    assert after_kill["pid"] != before["pid"]
+    assert after_kill["virtual_env"] == str(unpacked)
+    assert after_kill["mark"] == "from-the-env"
     marker = unpacked / ".sluice-unpacked"
     first = marker.stat()
     assert srv.stop() == 0

@@ -5,7 +5,8 @@ A python model may name a Python environment of its own: a conda-pack / venv-pac
 that environment's interpreter, with its packages.
 
 Rules of this file:
-- ``$$TRITON_MODEL_DIRECTORY`` in the path is the model's directory (as Triton). A missing
+- ``$$TRITON_MODEL_DIRECTORY`` in the path is the model's directory (as Triton; a relative
+  path is taken from the working directory, as Triton's ``realpath``). A missing
   path and an environment without ``bin/activate`` refuse the load with Triton's sentences.
 - An archive is unpacked once into the cache directory, under the SHA-256 of its bytes: every
   instance, every model naming the same archive, and later server runs use that one copy. A
@@ -21,10 +22,10 @@ Rules of this file:
   environment's real location, ``PYTHONHOME`` is unset) and, as Triton does, the
   environment's ``lib`` leads ``LD_LIBRARY_PATH``. A venv that was packed elsewhere (plain
   ``tar`` or venv-pack) thus points at where it is now, not where it was built.
-- The interpreter is asked once per environment (per server run) for its version, whether it
-  can import numpy (the worker needs it), and its own ``sys.path``: a version older than
-  ``MIN_PYTHON`` or no numpy refuses the load with a message naming both versions / the
-  environment. The worker's ``sys.path`` is that ``sys.path`` led by a directory that holds
+- The interpreter is asked once per environment (again when its ``bin`` or ``site-packages``
+  change) for its version, whether it can import numpy (the worker needs it), and its own
+  ``sys.path``: a version older than ``MIN_PYTHON`` or no numpy refuses the load with a
+  message naming both versions / the environment. The worker's ``sys.path`` is that ``sys.path`` led by a directory that holds
   only the ``sluice`` package (the environment has no sluice, and must not see the
   server's other packages).
 - Stdlib only: the worker process (another interpreter) unpickles what refers to this module.
@@ -104,12 +105,12 @@ def default_cache_dir() -> Path:
 
 def resolve_path(raw: str, model_dir: Path) -> Path:
     """``EXECUTION_ENV_PATH`` with ``$$TRITON_MODEL_DIRECTORY`` replaced by the model's
-    directory; a relative result is taken from the model's directory."""
-    path = Path(raw.replace(MODEL_DIR_KEYWORD, str(model_dir)))
-    return path if path.is_absolute() else model_dir / path
+    directory (a relative result is taken from the working directory, as Triton's
+    ``realpath``)."""
+    return Path(raw.replace(MODEL_DIR_KEYWORD, str(model_dir))).absolute()
 
 
-_ready: dict[str, ExecutionEnv] = {}  # (unpacked) environment directory -> its probe
+_ready: dict[str, ExecutionEnv] = {}  # environment directory (+ _signature) -> its probe
 _digests: dict[tuple[str, int, int], str] = {}  # (archive, size, mtime_ns) -> sha256
 _lock = threading.Lock()
 _root_locks: dict[str, threading.Lock] = {}
@@ -130,18 +131,29 @@ def prepare(raw: str, model_dir: Path, cache_dir: Path, timeout: float) -> Execu
             f"Path {activate} does not exist. The Python environment should contain an "
             "'activate' script."
         )
+    key = _signature(root)
     with _lock:
-        known = _ready.get(str(root))
+        known = _ready.get(key)
         root_lock = _root_locks.setdefault(str(root), threading.Lock())
     if known is not None:
         return known
     with root_lock:  # instances starting together ask the interpreter once
-        known = _ready.get(str(root))
+        known = _ready.get(key)
         if known is None:
             known = _probe(root, cache_dir, timeout)
             with _lock:
-                _ready[str(root)] = known
+                _ready[key] = known
     return known
+
+
+def _signature(root: Path) -> str:
+    """``root`` and what changes when its interpreter or packages do (the modification
+    times of ``bin`` and of each ``site-packages``): a changed environment is asked again."""
+    parts = [str(root)]
+    for d in (root / "bin", *sorted(root.glob("lib/python3*/site-packages"))):
+        with contextlib.suppress(OSError):
+            parts.append(f"{d.name}:{d.stat().st_mtime_ns}")
+    return "|".join(parts)
 
 
 # ---- archives ----------------------------------------------------------------------------
@@ -292,13 +304,17 @@ def _probe(root: Path, cache_dir: Path, timeout: float) -> ExecutionEnv:
             f"which the model worker needs: {facts.get('numpy_error', 'not installed')}"
         )
     paths = [p for p in facts.get("path", []) if p and p != str(root)]
+    try:
+        sluice_dir = _sluice_only_dir(cache_dir)
+    except OSError as exc:
+        raise EnvError(f"cannot use the environment cache {cache_dir}: {exc}") from None
     return ExecutionEnv(
         root=str(root),
         python=str(exe),
         version=version,
         set_vars=set_vars,
         unset_vars=unset,
-        sys_path=(str(_sluice_only_dir(cache_dir)), *paths),
+        sys_path=(str(sluice_dir), *paths),
     )
 
 
