@@ -501,7 +501,10 @@ class PythonBackend:
         path = _model_file(spec)
         if not path.is_file() or not _defines_auto_complete(path):
             return spec.config
-        env = execution_env(spec, settings)
+        try:
+            env = execution_env(spec, settings)
+        except ServerError:
+            return spec.config  # the version's start fails with it (as Triton's load)
         setup = _setup(spec, f"{spec.name}_autocomplete", "CPU", 0, "auto_complete", settings)
         try:
             completed = json.loads(run_auto_complete(setup, exec_env=env))
