@@ -361,3 +361,50 @@ def test_stub_timeout_bounds_the_environment_interpreter(
         f"the interpreter of the Python execution environment {slow} did not answer within "
         f"stub-timeout-seconds=1 (python model 'bad_env', EXECUTION_ENV_PATH '{slow}')"
     ), error
+
+
+def test_two_servers_share_one_unpacking(
+    start_server: Any, repo: Path, built: dict[str, Path], tmp_path: Path
+) -> None:
+    cache = tmp_path / "shared-cache"
+    flags = (
+        "--model-control-mode=explicit",
+        "--load-model=env_tar_b",
+        f"--backend-config=python,execution-env-cache={cache}",
+    )
+    # both start before either is ready: their loads race for the same archive
+    first = start_server(repo, *flags, ready=False)
+    second = start_server(repo, *flags, ready=False)
+    first.wait_ready()
+    second.wait_ready()
+    (unpacked,) = _unpacked_dirs(cache)
+    assert _info(first, "env_tar_b")["virtual_env"] == str(unpacked)
+    assert _info(second, "env_tar_b")["virtual_env"] == str(unpacked)
+    assert not list(cache.glob(".*.*"))
+
+
+def test_a_changed_archive_is_unpacked_anew_on_reload(
+    start_server: Any, built: dict[str, Path], tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    mdir = zoo.write_model(
+        repo, "swap", _config("swap", "$$TRITON_MODEL_DIRECTORY/env.tar.gz"), ENV_PY
+    )
+    (mdir / "env.tar.gz").write_bytes(built["archive"].read_bytes())
+    cache = tmp_path / "cache"
+    srv = _serve(start_server, repo, cache, "swap")
+    old = _info(srv, "swap")
+    assert old["mark"] == "from-the-env"
+
+    other = _venv(tmp_path / "build2", numpy_dir=built["numpy_dir"])
+    (site,) = other.glob("lib/python3.*/site-packages")
+    (site / "envmark" / "__init__.py").write_text('VALUE = "second edition"\n')
+    _pack(other, mdir / "env.tar.gz")
+    code, raw = post(srv, "/v2/repository/models/swap/load")
+    assert code == 200, raw
+    new = _info(srv, "swap")
+    assert new["mark"] == "second edition"
+    assert new["virtual_env"] != old["virtual_env"]
+    assert sorted(str(p) for p in _unpacked_dirs(cache)) == sorted(
+        [old["virtual_env"], new["virtual_env"]]
+    )
