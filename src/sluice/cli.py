@@ -184,7 +184,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="<backend>,<setting>=<value>",
         help="backend settings (repeatable); default-max-batch-size=N is the max_batch_size "
-        "auto-complete gives a batchable ONNX model",
+        "auto-complete gives a batchable ONNX model; python,shm-default-byte-size / "
+        "shm-growth-byte-size / shm-region-prefix-name / stub-timeout-seconds as Triton's, "
+        "python,execution-env-cache=DIR where EXECUTION_ENV_PATH archives are unpacked",
     )
     p.add_argument(
         "--exit-on-error",

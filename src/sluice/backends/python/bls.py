@@ -58,11 +58,23 @@ class BlsCalls:
         self._instance = instance
         self._serving = serving
         self._tasks: set[asyncio.Task[None]] = set()
+        self._requests: dict[int, InferRequest] = {}  # call id -> its request, while running
 
     def start(self, msg: BlsCall) -> None:
         task = asyncio.get_running_loop().create_task(self._run(msg))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def cancel(self, call_id: int) -> None:
+        """The model cancelled call ``call_id`` (its response iterator's ``cancel()``): the
+        called model sees ``is_cancelled()``, as when a client leaves; what it still sends
+        reaches the caller as before."""
+        request = self._requests.get(call_id)
+        if request is None or request.cancelled:
+            return  # finished already, or cancelled twice
+        request.cancelled = True
+        if request.on_cancel is not None:
+            request.on_cancel()
 
     async def cancel_all(self) -> None:
         tasks = list(self._tasks)
@@ -74,6 +86,7 @@ class BlsCalls:
         inst = self._instance
         try:
             request = self._request(msg)
+            self._requests[msg.id] = request
             timeout = msg.timeout_us / 1e6 if msg.timeout_us > 0 else None
             async with asyncio.timeout(timeout):
                 if msg.decoupled:
@@ -99,6 +112,8 @@ class BlsCalls:
         except Exception as exc:  # a bug here must not leave the model waiting forever
             log.exception("BLS request to '%s' from '%s' failed", msg.model, inst.spec.name)
             self._error(msg.id, f"BLS request to model '{msg.model}' failed: {exc}")
+        finally:
+            self._requests.pop(msg.id, None)
 
     def _request(self, msg: BlsCall) -> InferRequest:
         inst = self._instance

@@ -72,6 +72,10 @@ class WorkerSetup:
     shm_prefix: str  # every shared-memory segment of this instance starts with it
     env: tuple[tuple[str, str], ...] = ()  # set in the worker before numpy is imported
     mode: str = "serve"  # "serve" | "auto_complete"
+    # --backend-config=python,shm-default-byte-size / shm-growth-byte-size: the arenas'
+    # first size and the step they grow by
+    shm_default_byte_size: int = 1 << 20
+    shm_growth_byte_size: int = 1 << 16
 
 
 # parent -> worker
@@ -102,7 +106,8 @@ class BlsReply:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """The client of request ``index`` of execution ``id`` went away."""
+    """Parent -> worker: the client of request ``index`` of execution ``id`` went away.
+    Worker -> parent (``index`` -1): the model cancelled its decoupled BLS call ``id``."""
 
     id: int
     index: int

@@ -19,6 +19,7 @@ Rules of this file:
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 from collections.abc import Iterable
@@ -29,6 +30,9 @@ import numpy as np
 from sluice.protocol import bytes_tensor
 
 __all__ = [
+    "PreferredMemory",
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_GPU",
     "Tensor",
     "InferenceRequest",
     "InferenceResponse",
@@ -301,12 +305,20 @@ class InferenceRequest:
         timeout: int = 0,
         parameters: str | dict[str, Any] | None = None,
         trace: InferenceTrace | None = None,
+        preferred_memory: PreferredMemory | None = None,
         **_ignored: Any,
     ) -> None:
-        self._request_id = request_id
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TypeError(
+                "InferenceRequest: preferred_memory must be a pb_utils.PreferredMemory, got "
+                f"{type(preferred_memory).__name__}"
+            )
+        self._request_id = _text(request_id, "request_id")
         self._correlation_id = correlation_id
-        self._requested_output_names = list(requested_output_names)
-        self._model_name = model_name
+        self._requested_output_names = [
+            _text(n, "requested_output_names") for n in requested_output_names
+        ]
+        self._model_name = _text(model_name, "model_name")
         self._model_version = model_version
         self._inputs = list(inputs)
         self._flags = flags
@@ -674,3 +686,47 @@ class Logger:
     @classmethod
     def log_verbose(cls, message: str) -> None:
         cls.log(message, cls.VERBOSE)
+
+
+# ---- memory preferences (BLS outputs) ---------------------------------------------------
+# Triton's InferenceRequest(preferred_memory=PreferredMemory(...)) asks for BLS outputs in
+# CPU or GPU memory. Tensors here are always in CPU memory: the preference is checked and
+# accepted, and outputs come back as numpy arrays either way.
+
+
+class MemoryType(enum.IntEnum):
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """``PreferredMemory(TRITONSERVER_MEMORY_CPU, 0)``: where BLS outputs should be."""
+
+    __slots__ = ("_type", "_device")
+
+    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
+        if not isinstance(preferred_memory_type, MemoryType):
+            raise TypeError(
+                "PreferredMemory: preferred_memory_type must be TRITONSERVER_MEMORY_CPU or "
+                f"TRITONSERVER_MEMORY_GPU, got {preferred_memory_type!r}"
+            )
+        if isinstance(preferred_device_id, bool) or not isinstance(preferred_device_id, int):
+            raise TypeError(
+                f"PreferredMemory: preferred_device_id must be an int, got {preferred_device_id!r}"
+            )
+        self._type = preferred_memory_type
+        self._device = preferred_device_id
+
+
+def _text(value: Any, field: str) -> str:
+    """A name given as ``str`` or ``bytes`` (numpy's too, as Triton's C++ binding takes
+    either for a string argument)."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8")
+    raise TypeError(f"InferenceRequest: {field} must be str or bytes, got {type(value).__name__}")

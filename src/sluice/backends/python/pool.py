@@ -30,9 +30,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ...errors import ServerError, Status, WorkerLost
+from .envprocess import env_process
 from .messages import (
     AutoCompleteReply,
     BlsCall,
+    Cancel,
     ExecuteReply,
     InitFailed,
     Message,
@@ -113,6 +115,9 @@ class WorkerClient:
         # everything in flight (the worker died or is stopping): the instance's handlers
         self.on_message: Callable[[Any], None] | None = None
         self.on_failure: Callable[[ServerError], None] | None = None
+        # the model's EXECUTION_ENV_PATH environment (environments.ExecutionEnv); None: the
+        # worker runs under the server's own interpreter
+        self.exec_env: Any = None
 
     # ---- public -------------------------------------------------------------------------
 
@@ -269,7 +274,7 @@ class WorkerClient:
     async def _spawn(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         parent_rx, child_tx, child_rx, parent_tx = _pipes()
-        proc = _CTX.Process(
+        proc = _process_class(self.exec_env)(
             target=worker_main,
             args=(child_rx, child_tx, self.setup),
             name=f"sluice-{self.setup.instance_name}",
@@ -333,7 +338,7 @@ class WorkerClient:
 
     def _dispatch(self, msg: Message) -> None:
         kind = type(msg)
-        if kind is Respond or kind is BlsCall:  # the worker asks, not answers
+        if kind is Respond or kind is BlsCall or kind is Cancel:  # the worker asks
             if self.on_message is not None:
                 self.on_message(msg)
             return
@@ -475,14 +480,21 @@ def _consume_exception(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-def run_auto_complete(setup: WorkerSetup, timeout: float = 120.0) -> str:
+def _process_class(exec_env: Any) -> Callable[..., Any]:
+    """The spawn context's Process, or one that runs under ``exec_env``'s interpreter."""
+    return _CTX.Process if exec_env is None else env_process(exec_env)
+
+
+def run_auto_complete(setup: WorkerSetup, timeout: float = 120.0, exec_env: Any = None) -> str:
     """Run the model's ``auto_complete_config`` in a short-lived worker; the config JSON.
 
     Blocking (the ``Backend.auto_complete`` contract is synchronous): call it from a thread
     when an event loop is running.
     """
     parent_conn, child_tx, child_rx, parent_tx = _pipes()
-    proc = _CTX.Process(target=worker_main, args=(child_rx, child_tx, setup), daemon=True)
+    proc = _process_class(exec_env)(
+        target=worker_main, args=(child_rx, child_tx, setup), daemon=True
+    )
     try:
         proc.start()
     finally:

@@ -28,7 +28,7 @@ from typing import Any
 
 from .messages import BlsCall, BlsReply, Cancel, Message, Respond, decode, encode
 
-__all__ = ["Channel", "Runtime", "KSERVE_BY_CODE"]
+__all__ = ["Channel", "Runtime", "ResponseIterator", "KSERVE_BY_CODE"]
 
 # index = Triton data type code (TYPE_INVALID=0 ... TYPE_STRING=13)
 KSERVE_BY_CODE = (
@@ -200,7 +200,7 @@ class Runtime:
         channel.send(msg)
         if not decoupled:
             return self._response(channel.reply(call_id), pb)
-        return self._responses(call_id, pb)
+        return ResponseIterator(self, call_id)
 
     def _responses(self, call_id: int, pb: Any) -> Iterator[Any]:
         while True:
@@ -248,6 +248,39 @@ class Runtime:
             return False
         self.channel.poll()
         return ctx in self.channel.cancelled
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call (``exec(decoupled=True)``), the last one final.
+
+    ``cancel()`` (Triton's later releases) cancels the call in the server: the called model
+    sees ``is_cancelled()``; the responses it still sends, and its final one, are iterated
+    as before. Cancelling a finished call, or twice, does nothing."""
+
+    __slots__ = ("_runtime", "_id", "_gen", "_done", "_cancelled")
+
+    def __init__(self, runtime: Runtime, call_id: int) -> None:
+        self._runtime = runtime
+        self._id = call_id
+        self._gen = runtime._responses(call_id, runtime.pb)
+        self._done = False
+        self._cancelled = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self._done = True
+            raise
+
+    def cancel(self) -> None:
+        if self._done or self._cancelled:
+            return
+        self._cancelled = True
+        self._runtime.channel.send(Cancel(self._id, -1))
 
 
 _CODE_OF = {name: code for code, name in enumerate(KSERVE_BY_CODE) if code}

@@ -49,8 +49,11 @@ from ...types import InferRequest, InferResponse
 from ..base import ExecuteResult, ModelInstance, ModelSpec, register_backend
 from ..batching import instance_names
 from .bls import BlsCalls
+from .environments import ENV_PATH_PARAM, EnvError, ExecutionEnv
+from .environments import prepare as prepare_env
 from .messages import OK, Cancel, Execute, RequestRef, Respond, WorkerSetup
 from .pool import WorkerClient, run_auto_complete
+from .settings import PythonSettings, check_model_parameters, python_settings
 from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
 
 __all__ = ["PythonBackend", "PythonInstance", "model_config_json"]
@@ -108,7 +111,9 @@ def _worker_env(config: mc.ModelConfig) -> tuple[tuple[str, str], ...]:
     return tuple(env)
 
 
-def _setup(spec: ModelSpec, name: str, kind: str, device: int, mode: str) -> WorkerSetup:
+def _setup(
+    spec: ModelSpec, name: str, kind: str, device: int, mode: str, settings: PythonSettings
+) -> WorkerSetup:
     return WorkerSetup(
         model_name=spec.name,
         model_version=int(spec.version),
@@ -122,10 +127,36 @@ def _setup(spec: ModelSpec, name: str, kind: str, device: int, mode: str) -> Wor
         # short: macOS caps names at 31 chars; unique per server process and instance, and
         # no prefix of another instance's (the closing '_'): unlink_prefix of instance 1
         # must not remove the segments of instances 10-19 while they serve
-        shm_prefix=f"sl{os.getpid()}_{next(_instance_serial)}_",
+        shm_prefix=f"{settings.shm_prefix}{os.getpid()}_{next(_instance_serial)}_",
         env=_worker_env(spec.config),
         mode=mode,
+        shm_default_byte_size=settings.shm_default_byte_size,
+        shm_growth_byte_size=settings.shm_growth_byte_size,
     )
+
+
+def load_settings(spec: ModelSpec) -> PythonSettings:
+    """The backend's settings and the model's own parameters, checked (the load fails with
+    Triton's sentence when one is wrong)."""
+    settings = python_settings(spec.settings)
+    check_model_parameters(spec.config)
+    return settings
+
+
+def execution_env(spec: ModelSpec, settings: PythonSettings) -> ExecutionEnv | None:
+    """The model's ``EXECUTION_ENV_PATH`` environment, ready (None: the server's own).
+    Blocking (may unpack an archive and start its interpreter): call it from a thread."""
+    params = spec.config.parameters
+    if ENV_PATH_PARAM not in params:
+        return None
+    raw = params[ENV_PATH_PARAM].string_value
+    try:
+        return prepare_env(raw, spec.model_dir.resolve(), settings.cache_dir, settings.stub_timeout)
+    except EnvError as exc:
+        raise ServerError(
+            f"{exc.message} (python model '{spec.name}', {ENV_PATH_PARAM} '{raw}')",
+            Status.INTERNAL,
+        ) from None
 
 
 EXECUTE_TIMEOUT_PARAM = "execute_timeout_ms"
@@ -187,14 +218,25 @@ class PythonInstance:
         self.spec = spec
         self._model_version = str(spec.version)
         self._all_outputs = tuple(o.name for o in spec.config.output)
-        self._setup = _setup(spec, name, kind, device_id, "serve")
+        # a wrong setting fails this version's load when it starts (as Triton's does)
+        self._bad_settings: ServerError | None = None
+        try:
+            self._settings = load_settings(spec)
+        except ServerError as exc:
+            self._settings, self._bad_settings = PythonSettings(), exc
+        self._setup = _setup(spec, name, kind, device_id, "serve", self._settings)
         self.worker = WorkerClient(
             self._setup,
             label=f"python model '{spec.name}' version {spec.version} instance '{name}'",
             stop_timeout=stop_timeout,
         )
         self._execute_timeout = execute_timeout(spec)
-        self._inputs = ArenaWriter(self._setup.shm_prefix, "i")
+        self._inputs = ArenaWriter(
+            self._setup.shm_prefix,
+            "i",
+            self._settings.shm_default_byte_size,
+            self._settings.shm_growth_byte_size,
+        )
         self._outputs = ArenaReader()
         self._lock = asyncio.Lock()
         self.worker.on_message = self._on_message
@@ -248,6 +290,13 @@ class PythonInstance:
             raise NotFound(
                 f"unable to find '{path}' for python model '{self.spec.name}' version"
                 f" {self.spec.version}"
+            )
+        if self._bad_settings is not None:
+            raise self._bad_settings
+        if ENV_PATH_PARAM in self.spec.config.parameters and self.worker.exec_env is None:
+            loop = asyncio.get_running_loop()
+            self.worker.exec_env = await loop.run_in_executor(
+                None, execution_env, self.spec, self._settings
             )
         await self.worker.start()
 
@@ -392,6 +441,8 @@ class PythonInstance:
                 del self._streams[key]
                 self._streams_closed()
             r.responses.put_nowait(self._stream_response(r, msg))
+        elif type(msg) is Cancel:  # the model cancelled its decoupled BLS call msg.id
+            self._calls.cancel(msg.id)
         else:
             self._calls.start(msg)
 
@@ -443,12 +494,20 @@ class PythonBackend:
 
         Blocking (spawns a process): call it from a thread when a loop is running.
         """
+        try:
+            settings = load_settings(spec)
+        except ServerError:
+            return spec.config  # the version's load fails with it, as in Triton
         path = _model_file(spec)
         if not path.is_file() or not _defines_auto_complete(path):
             return spec.config
-        setup = _setup(spec, f"{spec.name}_autocomplete", "CPU", 0, "auto_complete")
         try:
-            completed = json.loads(run_auto_complete(setup))
+            env = execution_env(spec, settings)
+        except ServerError:
+            return spec.config  # the version's start fails with it (as Triton's load)
+        setup = _setup(spec, f"{spec.name}_autocomplete", "CPU", 0, "auto_complete", settings)
+        try:
+            completed = json.loads(run_auto_complete(setup, exec_env=env))
         finally:
             unlink_prefix(setup.shm_prefix)
         try:

@@ -50,6 +50,7 @@ __all__ = [
 
 ALIGN = 64
 _MIN_SIZE = 1 << 20
+_STEP = 1 << 16
 _posixshmem: Any = getattr(shared_memory, "_posixshmem", None)
 
 
@@ -123,10 +124,13 @@ class ArenaWriter:
     >>> w.name  # travels in the message with refs
     """
 
-    def __init__(self, prefix: str, tag: str, initial_size: int = _MIN_SIZE) -> None:
+    def __init__(
+        self, prefix: str, tag: str, initial_size: int = _MIN_SIZE, step: int = _STEP
+    ) -> None:
         self._prefix = prefix + tag
         self._generation = 0
         self._initial = max(int(initial_size), ALIGN)
+        self._step = max(int(step), 1)  # sizes are whole multiples of it
         self._seg: shared_memory.SharedMemory | None = None
         self._buf: memoryview | None = None
         self._retired: list[shared_memory.SharedMemory] = []
@@ -135,7 +139,7 @@ class ArenaWriter:
 
     def _grow(self, needed: int) -> None:
         size = max(self._initial, needed + needed // 2, 2 * self.size)
-        size = (size + 65535) & ~65535
+        size = -(-size // self._step) * self._step
         self._generation += 1
         name = f"{self._prefix}{self._generation}"
         unlink_segment(name)  # a leftover of a crashed predecessor with the same name

@@ -153,7 +153,12 @@ class _Worker:
         self.pb = pb_utils
         self.reader = ArenaReader()
         # The pid keeps a restarted worker's names apart from a dead predecessor's.
-        self.writer = ArenaWriter(setup.shm_prefix, f"o{os.getpid()}_")
+        self.writer = ArenaWriter(
+            setup.shm_prefix,
+            f"o{os.getpid()}_",
+            setup.shm_default_byte_size,
+            setup.shm_growth_byte_size,
+        )
         self.model: Any = None
         self.orphaned = False
         # KServe datatype <-> Triton data type code (pb_utils.Tensor.triton_dtype()).
