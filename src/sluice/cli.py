@@ -45,6 +45,23 @@ def _size(text: str) -> int:
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's flags and sluice's own, one group after the other; the order of the
+    calls is the order of ``sluice serve --help`` and of the generated flag reference."""
+    _add_repository_flags(p)
+    _add_endpoint_flags(p)
+    _add_metrics_flags(p)
+    _add_lifecycle_flags(p)
+    _add_model_config_flags(p)
+    _add_trace_flags(p)
+    _add_memory_flags(p)
+    _add_grpc_flags(p)
+    _add_security_flags(p)
+    _add_log_flags(p)
+    _add_ignored_flags(p)
+
+
+def _add_repository_flags(p: argparse.ArgumentParser) -> None:
+    """Where the models are and who decides what is loaded: start-up, the control API, polling."""
     p.add_argument(
         "--model-repository",
         "--model-store",
@@ -82,6 +99,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="BOOL",
         help="ready only when every model asked for is READY (false: ready once serving)",
     )
+
+
+def _add_endpoint_flags(p: argparse.ArgumentParser) -> None:
+    """The front-ends: which are served, their ports and addresses, HTTP's size limits."""
     p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL", help="serve HTTP")
     p.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL", help="serve gRPC")
     p.add_argument("--http-port", type=_port, default=8000, help="HTTP port (0: any free port)")
@@ -118,6 +139,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-address", default=None, help="defaults to --http-address, as in Triton"
     )
+
+
+def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
+    """The Prometheus endpoint and what it exports."""
     p.add_argument(
         "--allow-metrics", type=_bool, default=True, metavar="BOOL", help="serve /metrics"
     )
@@ -141,6 +166,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=2000,
         help="accepted; gauges are computed at scrape time",
     )
+
+
+def _add_lifecycle_flags(p: argparse.ArgumentParser) -> None:
+    """Polling, shutdown, readiness towards a proxy and the name the server reports."""
     p.add_argument(
         "--repository-poll-secs", type=float, default=15.0, help="poll mode: rescan interval"
     )
@@ -166,6 +195,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="the name reported by GET /v2 and gRPC ServerMetadata (default 'triton', which "
         "Triton's clients check for; the reported version is always sluice's own)",
     )
+
+
+def _add_model_config_flags(p: argparse.ArgumentParser) -> None:
+    """How model configs are completed, backend settings, and failed loads at start."""
     p.add_argument(
         "--disable-auto-complete-config",
         action="store_true",
@@ -195,6 +228,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="BOOL",
         help="exit if a model fails to load at start (as tritonserver)",
     )
+
+
+def _add_trace_flags(p: argparse.ArgumentParser) -> None:
+    """Tracing: --trace-config and tritonserver's deprecated --trace-* spellings of it."""
     p.add_argument(
         "--trace-config",
         action="append",
@@ -210,6 +247,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-rate", default=None, help=argparse.SUPPRESS)
     p.add_argument("--trace-count", default=None, help=argparse.SUPPRESS)
     p.add_argument("--trace-log-frequency", default=None, help=argparse.SUPPRESS)
+
+
+def _add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """The response cache and the memory limit of loads."""
     p.add_argument(
         "--cache-config",
         action="append",
@@ -225,8 +266,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="memory the server and its workers may hold (K/M/G suffixes); a load whose "
         "instances would not fit is refused (the machine's available memory is always checked)",
     )
-    _add_grpc_flags(p)
-    _add_security_flags(p)
+
+
+def _add_log_flags(p: argparse.ArgumentParser) -> None:
+    """Logging: levels, timestamp format, destination."""
     p.add_argument("--log-verbose", type=int, default=0, help="debug logging when > 0")
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL", help="log info lines")
     p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL", help="log warnings")
@@ -238,7 +281,11 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="the timestamp format of log lines",
     )
     p.add_argument("--log-file", default="", help="append the log to this file (default stderr)")
-    # Accepted so that tritonserver command lines run unchanged; no effect on CPU.
+
+
+def _add_ignored_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's GPU and build-layout flags: accepted so that tritonserver command lines
+    run unchanged, hidden from --help, no effect on CPU."""
     for flag in (
         "--pinned-memory-pool-byte-size",
         "--cuda-memory-pool-byte-size",

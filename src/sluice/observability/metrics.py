@@ -7,7 +7,7 @@ compute time, so p99 can be computed server-side and aggregated across replicas.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 from prometheus_client import generate_latest
@@ -131,6 +131,15 @@ class TritonCollector(Collector):
             yield g
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._model_metrics()
+        yield from self._cache_metrics()
+        if self.cpu_metrics:
+            yield from _cpu_metrics()
+
+    def _model_metrics(self) -> Iterator[Metric]:
+        """Triton's per-model families (success, failure by reason, the counters of
+        ``_MODEL_COUNTERS``, pending requests, load time), then sluice's histograms; one
+        sample per serving model version in each."""
         success = _counter(
             "nv_inference_request_success",
             "Number of successful inference requests, all batch sizes",
@@ -138,34 +147,7 @@ class TritonCollector(Collector):
         failure = _counter(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes"
         )
-        count = _counter(
-            "nv_inference_count",
-            "Number of inferences performed (does not include cached requests)",
-        )
-        execs = _counter(
-            "nv_inference_exec_count",
-            "Number of model executions performed (does not include cached requests)",
-        )
-        req_us = _counter(
-            "nv_inference_request_duration_us",
-            "Cumulative inference request duration in microseconds (includes cached requests)",
-        )
-        queue_us = _counter(
-            "nv_inference_queue_duration_us",
-            "Cumulative inference queuing duration in microseconds (includes cached requests)",
-        )
-        cin_us = _counter(
-            "nv_inference_compute_input_duration_us",
-            "Cumulative compute input duration in microseconds (does not include cached requests)",
-        )
-        cinf_us = _counter(
-            "nv_inference_compute_infer_duration_us",
-            "Cumulative compute inference duration in microseconds (does not include cached requests)",
-        )
-        cout_us = _counter(
-            "nv_inference_compute_output_duration_us",
-            "Cumulative inference compute output duration in microseconds (does not include cached requests)",
-        )
+        counters = [(_counter(name, doc), name, value) for name, doc, value in _MODEL_COUNTERS]
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",
@@ -174,23 +156,9 @@ class TritonCollector(Collector):
         load = GaugeMetricFamily(
             "nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS
         )
-        hists = {
-            "request": HistogramMetricFamily(
-                "nv_inference_request_duration_histogram_us",
-                "Histogram of whole-request durations in microseconds (server side)",
-                labels=_LABELS,
-            ),
-            "queue": HistogramMetricFamily(
-                "nv_inference_queue_duration_histogram_us",
-                "Histogram of queue durations in microseconds",
-                labels=_LABELS,
-            ),
-            "compute": HistogramMetricFamily(
-                "nv_inference_compute_duration_histogram_us",
-                "Histogram of compute (input + infer + output) durations in microseconds",
-                labels=_LABELS,
-            ),
-        }
+        hists = [
+            (HistogramMetricFamily(name, doc, labels=_LABELS), of) for name, doc, of in _HISTOGRAMS
+        ]
         for st in self._stats():
             lv = {"model": st.name, "version": st.version}
             labels = [st.name, st.version]
@@ -201,55 +169,92 @@ class TritonCollector(Collector):
                     {**lv, "reason": reason},
                     st.fail_reasons.get(reason, 0),
                 )
-            count.add_sample("nv_inference_count", lv, st.inference_count)
-            execs.add_sample("nv_inference_exec_count", lv, st.execution_count)
-            req_us.add_sample(
-                "nv_inference_request_duration_us", lv, (st.success.ns + st.fail.ns) // 1000
-            )
-            queue_us.add_sample("nv_inference_queue_duration_us", lv, st.queue.ns // 1000)
-            cin_us.add_sample(
-                "nv_inference_compute_input_duration_us", lv, st.compute_input.ns // 1000
-            )
-            cinf_us.add_sample(
-                "nv_inference_compute_infer_duration_us", lv, st.compute_infer.ns // 1000
-            )
-            cout_us.add_sample(
-                "nv_inference_compute_output_duration_us", lv, st.compute_output.ns // 1000
-            )
+            for family, name, value in counters:
+                family.add_sample(name, lv, value(st))
             pending.add_metric(labels, st.pending)
             load.add_metric(labels, st.load_duration_secs)
-            for key, hist in (
-                ("request", st.request_hist),
-                ("queue", st.queue_hist),
-                ("compute", st.compute_hist),
-            ):
-                hists[key].add_metric(labels, _buckets(hist), hist.sum_us)
-        yield from (
-            success,
-            failure,
-            count,
-            execs,
-            req_us,
-            queue_us,
-            cin_us,
-            cinf_us,
-            cout_us,
-            pending,
-            load,
-            *hists.values(),
-        )
-        yield from self._cache_metrics()
-        if self.cpu_metrics:
-            util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
-            util.add_metric([], psutil.cpu_percent(interval=None) / 100.0)
-            vm = psutil.virtual_memory()
-            total = GaugeMetricFamily(
-                "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes"
-            )
-            total.add_metric([], float(vm.total))
-            used = GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes")
-            used.add_metric([], float(vm.total - vm.available))
-            yield from (util, total, used)
+            for hist_family, of in hists:
+                hist = of(st)
+                hist_family.add_metric(labels, _buckets(hist), hist.sum_us)
+        yield success
+        yield failure
+        for family, _, _ in counters:
+            yield family
+        yield from (pending, load)
+        for hist_family, _ in hists:
+            yield hist_family
+
+
+# Triton's per-model counters after success and failure, in the order they are exposed:
+# (name, help, value of a model version's statistics). Durations are in microseconds.
+_MODEL_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
+    (
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)",
+        lambda st: st.inference_count,
+    ),
+    (
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+        lambda st: st.execution_count,
+    ),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        lambda st: (st.success.ns + st.fail.ns) // 1000,
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        lambda st: st.queue.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        lambda st: st.compute_input.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        lambda st: st.compute_infer.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        lambda st: st.compute_output.ns // 1000,
+    ),
+)
+
+# sluice's latency histograms: (name, help, the histogram of a model version's statistics).
+_HISTOGRAMS: tuple[tuple[str, str, Callable[[ModelStats], Histogram]], ...] = (
+    (
+        "nv_inference_request_duration_histogram_us",
+        "Histogram of whole-request durations in microseconds (server side)",
+        lambda st: st.request_hist,
+    ),
+    (
+        "nv_inference_queue_duration_histogram_us",
+        "Histogram of queue durations in microseconds",
+        lambda st: st.queue_hist,
+    ),
+    (
+        "nv_inference_compute_duration_histogram_us",
+        "Histogram of compute (input + infer + output) durations in microseconds",
+        lambda st: st.compute_hist,
+    ),
+)
+
+
+def _cpu_metrics() -> Iterator[Metric]:
+    """The host's CPU utilisation (since the previous scrape) and memory, as Triton names them."""
+    util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
+    util.add_metric([], psutil.cpu_percent(interval=None) / 100.0)
+    vm = psutil.virtual_memory()
+    total = GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes")
+    total.add_metric([], float(vm.total))
+    used = GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes")
+    used.add_metric([], float(vm.total - vm.available))
+    yield from (util, total, used)
 
 
 def _buckets(hist: Histogram) -> list[tuple[str, float]]:

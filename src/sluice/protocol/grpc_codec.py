@@ -286,50 +286,29 @@ def decode_infer_request(
     next_raw = 0
     for i, tin in enumerate(tins):
         name = tin.name
-        if not name:
-            raise InvalidArgument(f"inputs[{i}] has an empty 'name'")
-        if name in inputs:
-            raise InvalidArgument(f"input '{name}' appears more than once in 'inputs'")
+        if not name or name in inputs:
+            raise _input_name_error(i, name)
         datatype = tin.datatype
         dt = KSERVE_TO_NUMPY.get(datatype)
         if dt is None:
-            raise InvalidArgument(
-                f"input '{name}': unknown 'datatype' {datatype!r}; expected one of {_KNOWN}"
-            )
+            raise _datatype_error(name, datatype)
         shape = tin.shape[:]  # slicing copies to a list far faster than iterating (upb)
         for d in shape:
             if d < 0:
-                raise InvalidArgument(
-                    f"input '{name}': 'shape' must hold non-negative integers, got {show(list(shape))}"
-                )
+                raise _shape_error(name, shape)
         count = math.prod(shape)
         if not count and shape:
             check_empty_shape(name, shape)
         tparams = tin.parameters
         if tparams and "shared_memory_region" in tparams:
-            p = params_to_dict(tparams)
-            shm_inputs[name] = (
-                p["shared_memory_region"],
-                p.get("shared_memory_offset", 0),
-                p.get("shared_memory_byte_size", -1),
-                datatype,
-                tuple(shape),
-            )
+            shm_inputs[name] = _shm_input(tparams, datatype, shape)
             datatypes[name] = datatype
             continue
         if n_raw:
             # Triton's order: input by input, both kinds of data first, then a missing raw
             # entry; too many raw entries only once every input has its data
-            if tin.HasField("contents"):
-                raise InvalidArgument(
-                    f"contents field must not be specified when using raw_input_contents for "
-                    f"'{name}' for model '{model}'"
-                )
-            if next_raw >= n_raw:
-                raise InvalidArgument(
-                    f"unable to find data for input tensor '{name}' for model '{model}' "
-                    f"in request. ({_raw_count_detail(n_raw, tins)})"
-                )
+            if next_raw >= n_raw or tin.HasField("contents"):
+                raise _raw_input_error(tin, model, n_raw, tins)
             raw = raws[next_raw]
             next_raw += 1
             if dt is _OBJECT:
@@ -337,12 +316,7 @@ def decode_infer_request(
             else:
                 expect = count * dt.itemsize
                 if len(raw) != expect:
-                    raise InvalidArgument(
-                        f"input byte size mismatch for input '{name}' for model '{model}'. "
-                        f"Expected {expect}, got {len(raw)}: raw_input_contents[{next_raw - 1}] "
-                        f"holds {len(raw)} bytes but shape {show(list(shape))} of {datatype} requires "
-                        f"{expect}"
-                    )
+                    raise _byte_size_error(tin, model, next_raw - 1, len(raw), expect, shape)
                 arr = np.frombuffer(raw, dt) if count else np.empty(0, dt)
         else:
             arr = _typed_contents(name, datatype, tin, count, model)
@@ -380,6 +354,71 @@ def decode_infer_request(
     if shm_outputs:
         request.shm_outputs = frozenset(shm_outputs)
     return request
+
+
+# The messages of decode_infer_request's checks, built only when one fails.
+def _input_name_error(idx: int, name: str) -> InvalidArgument:
+    if not name:
+        return InvalidArgument(f"inputs[{idx}] has an empty 'name'")
+    return InvalidArgument(f"input '{name}' appears more than once in 'inputs'")
+
+
+def _datatype_error(name: str, datatype: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"input '{name}': unknown 'datatype' {datatype!r}; expected one of {_KNOWN}"
+    )
+
+
+def _shape_error(name: str, shape: Sequence[int]) -> InvalidArgument:
+    return InvalidArgument(
+        f"input '{name}': 'shape' must hold non-negative integers, got {show(list(shape))}"
+    )
+
+
+def _raw_input_error(
+    tin: pb.ModelInferRequest.InferInputTensor, model: str, n_raw: int, tins: Sequence[Any]
+) -> InvalidArgument:
+    """Triton's order: both kinds of data for this input first, then a missing raw entry."""
+    if tin.HasField("contents"):
+        return InvalidArgument(
+            f"contents field must not be specified when using raw_input_contents for "
+            f"'{tin.name}' for model '{model}'"
+        )
+    return InvalidArgument(
+        f"unable to find data for input tensor '{tin.name}' for model '{model}' "
+        f"in request. ({_raw_count_detail(n_raw, tins)})"
+    )
+
+
+def _byte_size_error(
+    tin: pb.ModelInferRequest.InferInputTensor,
+    model: str,
+    index: int,
+    size: int,
+    expect: int,
+    shape: Sequence[int],
+) -> InvalidArgument:
+    return InvalidArgument(
+        f"input byte size mismatch for input '{tin.name}' for model '{model}'. "
+        f"Expected {expect}, got {size}: raw_input_contents[{index}] "
+        f"holds {size} bytes but shape {show(list(shape))} of {tin.datatype} requires "
+        f"{expect}"
+    )
+
+
+def _shm_input(
+    tparams: Any, datatype: str, shape: Sequence[int]
+) -> tuple[str, int, int, str, tuple[int, ...]]:
+    """A shared-memory input's reference, as InferRequest.shm_inputs holds it: (region,
+    offset, byte size, datatype, shape); resolved against the region by the server."""
+    p = params_to_dict(tparams)
+    return (
+        p["shared_memory_region"],
+        p.get("shared_memory_offset", 0),
+        p.get("shared_memory_byte_size", -1),
+        datatype,
+        tuple(shape),
+    )
 
 
 def _raw_count_detail(n_raw: int, tins: Any) -> str:

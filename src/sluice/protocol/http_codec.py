@@ -211,11 +211,87 @@ def decode_infer_request(
 ) -> InferRequest:
     """Decode an infer request body. ``header_length`` is the value of the
     ``Inference-Header-Content-Length`` header (None when absent: the whole body is JSON).
-    ``spans``, where given, receives the (offset, size) of each binary input, in order."""
+    ``spans``, where given, receives the (offset, size) of each binary input, in order.
+    Per-request path for layouts not yet learned: the checks stay inline, and the
+    ``_*_error`` functions build their messages."""
     blen = len(body)
     if header_length is None:
         header_length = blen
-    elif header_length < 0 or header_length > blen:
+    inputs_doc, req_id, params, outputs_doc = _request_header(body, header_length)
+    inputs: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    shm_inputs: dict[str, _ShmRef] = {}
+    pos = header_length  # read cursor into the binary tail
+    for idx, tin in enumerate(inputs_doc):
+        name = tin.get("name") if type(tin) is dict else None
+        if type(name) is not str or name in inputs:
+            raise _input_name_error(idx, tin, name)
+        datatype = tin.get("datatype")
+        dt = _DTYPE_OF.get(datatype) if type(datatype) is str else None
+        if dt is None:
+            raise _datatype_error(name, datatype)
+        shape = tin.get("shape")
+        if type(shape) is not list:
+            raise _shape_error(name, shape)
+        count = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise _shape_error(name, shape)
+            count *= d
+        if not count and shape:
+            check_empty_shape(name, shape)
+        tparams = tin.get("parameters")
+        size = None
+        if tparams is not None:
+            if type(tparams) is not dict:
+                raise _bad(f"input '{name}': 'parameters' must be a JSON object")
+            size = tparams.get("binary_data_size")
+            if "shared_memory_region" in tparams:
+                shm_inputs[name] = _shm_input(name, tin, tparams, size, datatype, shape)
+                datatypes[name] = datatype
+                continue
+        if size is None:
+            if "data" not in tin:
+                raise _bad(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+            inputs[name] = _json_tensor(name, datatype, tuple(shape), count, tin["data"])
+        else:
+            # the next ``size`` bytes of the binary tail: BYTES parsed into an object array,
+            # fixed-size types a view on the body
+            if type(size) is not int or size < 0 or "data" in tin or pos + size > blen:
+                raise _binary_size_error(blen, header_length, pos, size, tin, name, model_name)
+            end = pos + size
+            if spans is not None:
+                spans.append((pos, size))
+            if dt is _OBJECT:
+                arr = deserialize_bytes_tensor(body, count, pos, end, name).reshape(shape)
+            elif size != count * dt.itemsize:
+                raise _byte_size_error(name, model_name, size, count * dt.itemsize, datatype, shape)
+            elif count:  # positional arguments: frombuffer's keyword parsing costs more
+                arr = np.frombuffer(body, dt, count, pos)
+                if len(shape) != 1:
+                    arr = arr.reshape(shape)
+            else:
+                arr = np.empty(shape, dt)
+            inputs[name] = arr
+            pos = end
+        datatypes[name] = datatype
+    if pos != blen:
+        raise _unclaimed_tail_error(model_name, blen - pos)
+    outputs, shm_outputs = (None, None) if outputs_doc is None else _requested_outputs(outputs_doc)
+    request = InferRequest(model_name, model_version, req_id, inputs, datatypes, outputs, params)
+    if shm_inputs:
+        request.shm_inputs = shm_inputs
+    if shm_outputs:
+        request.shm_outputs = frozenset(shm_outputs)
+    return request
+
+
+def _request_header(body: bytes, header_length: int) -> tuple[list[Any], str, dict[str, Any], Any]:
+    """The JSON header (the first ``header_length`` bytes of the body), an object whose
+    'inputs' is an array (required), 'id' a string, 'parameters' an object; and its
+    'outputs', checked by ``_requested_outputs`` once the inputs are decoded."""
+    blen = len(body)
+    if header_length < 0 or header_length > blen:
         raise _bad(
             f"Inference-Header-Content-Length {header_length} is outside the body of {blen} bytes"
         )
@@ -234,7 +310,6 @@ def decode_infer_request(
         )
     if type(inputs_doc) is not list:
         raise _bad("the request field 'inputs' must be a JSON array")
-
     req_id = doc.get("id", "")
     if type(req_id) is not str:
         raise _bad("the request field 'id' must be a string")
@@ -243,137 +318,121 @@ def decode_infer_request(
         params = {}
     elif type(params) is not dict:
         raise _bad("the request field 'parameters' must be a JSON object")
+    return inputs_doc, req_id, params, doc.get("outputs")
 
-    inputs: dict[str, np.ndarray] = {}
-    datatypes: dict[str, str] = {}
-    pos = header_length  # read cursor into the binary tail
-    shm_inputs: dict[str, tuple[str, int, int, str, tuple[int, ...]]] = {}
-    for idx, tin in enumerate(inputs_doc):
-        if type(tin) is not dict:
-            raise _bad(f"'inputs[{idx}]' must be a JSON object")
-        name = tin.get("name")
-        if type(name) is not str:
-            raise _bad(f"'inputs[{idx}]' is missing the required string field 'name'")
-        if name in inputs:
-            raise _bad(f"input '{name}' appears more than once in 'inputs'")
-        datatype_doc = tin.get("datatype")
-        dt = _DTYPE_OF.get(datatype_doc) if type(datatype_doc) is str else None
-        if dt is None:
-            raise _bad(
-                f"invalid datatype for input {name}: unknown 'datatype' {show(datatype_doc)}; "
-                f"expected one of {_KNOWN}"
-            )
-        datatype: str = datatype_doc  # type: ignore[assignment]  # checked just above
-        shape = tin.get("shape")
-        if type(shape) is not list:
-            raise _bad(f"input '{name}': 'shape' must be a JSON array of non-negative integers")
-        count = 1
-        for d in shape:
-            if type(d) is not int or d < 0:
-                raise _bad(
-                    f"input '{name}': 'shape' must be a JSON array of non-negative integers, "
-                    f"got {show(shape)}"
-                )
-            count *= d
-        if not count and shape:
-            check_empty_shape(name, shape)
-        tparams = tin.get("parameters")
-        size = None
-        if tparams is not None:
-            if type(tparams) is not dict:
-                raise _bad(f"input '{name}': 'parameters' must be a JSON object")
-            size = tparams.get("binary_data_size")
-            if "shared_memory_region" in tparams:
-                if "data" in tin or size is not None:
-                    raise _bad(f"input '{name}' has shared_memory_region and data")
-                shm_inputs[name] = (
-                    tparams["shared_memory_region"],
-                    tparams.get("shared_memory_offset", 0),
-                    tparams.get("shared_memory_byte_size", -1),
-                    datatype,
-                    tuple(shape),
-                )
-                datatypes[name] = datatype
-                continue
 
-        if size is None:
-            if "data" not in tin:
-                raise _bad(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
-            arr = _json_tensor(name, datatype, tuple(shape), count, tin["data"])
-        else:
-            if type(size) is not int or size < 0:
-                raise _bad(
-                    f"input '{name}': parameters.binary_data_size must be a non-negative integer"
-                )
-            if "data" in tin:
-                raise _bad(f"input '{name}' has both 'data' and parameters.binary_data_size")
-            end = pos + size
-            if end > blen:
-                if header_length == blen:
-                    raise _bad(
-                        f"input '{name}' has parameters.binary_data_size but the request has no "
-                        "Inference-Header-Content-Length header"
-                    )
-                raise _bad(
-                    f"unexpected size for input '{name}', expecting {end - blen} additional "
-                    f"bytes for model '{model_name}': parameters.binary_data_size {size} runs "
-                    f"past the end of the body ({blen - pos} bytes of binary data remain)"
-                )
-            if spans is not None:
-                spans.append((pos, size))
-            if dt is _OBJECT:
-                arr = deserialize_bytes_tensor(body, count, pos, end, name).reshape(shape)
-            else:
-                if size != count * dt.itemsize:
-                    raise _bad(
-                        f"input byte size mismatch for input '{name}' for model '{model_name}'. "
-                        f"Expected {count * dt.itemsize}, got {size}: parameters.binary_data_size "
-                        f"is {size} bytes but shape {show(shape)} of {datatype} requires "
-                        f"{count * dt.itemsize}"
-                    )
-                if count:
-                    # positional arguments: frombuffer's keyword parsing costs more than the view
-                    arr = np.frombuffer(body, dt, count, pos)
-                    if len(shape) != 1:
-                        arr = arr.reshape(shape)
-                else:
-                    arr = np.empty(shape, dt)
-            pos = end
-        inputs[name] = arr
-        datatypes[name] = datatype
-    if pos != blen:
-        raise _bad(
-            f"unexpected additional input data for model '{model_name}': the request body has "
-            f"{blen - pos} bytes of binary data not claimed by any input's "
-            "parameters.binary_data_size"
+def _input_name_error(idx: int, tin: Any, name: Any) -> InvalidArgument:
+    if type(tin) is not dict:
+        return _bad(f"'inputs[{idx}]' must be a JSON object")
+    if type(name) is not str:
+        return _bad(f"'inputs[{idx}]' is missing the required string field 'name'")
+    return _bad(f"input '{name}' appears more than once in 'inputs'")
+
+
+def _datatype_error(name: str, datatype: Any) -> InvalidArgument:
+    return _bad(
+        f"invalid datatype for input {name}: unknown 'datatype' {show(datatype)}; "
+        f"expected one of {_KNOWN}"
+    )
+
+
+def _shape_error(name: str, shape: Any) -> InvalidArgument:
+    if type(shape) is not list:
+        return _bad(f"input '{name}': 'shape' must be a JSON array of non-negative integers")
+    return _bad(
+        f"input '{name}': 'shape' must be a JSON array of non-negative integers, got {show(shape)}"
+    )
+
+
+# A shared-memory input as InferRequest.shm_inputs holds it:
+# (region, offset, byte size, datatype, shape); resolved against the region by the server.
+_ShmRef = tuple[str, int, int, str, tuple[int, ...]]
+
+
+def _shm_input(
+    name: str,
+    tin: dict[str, Any],
+    tparams: dict[str, Any],
+    size: Any,
+    datatype: str,
+    shape: list[int],
+) -> _ShmRef:
+    """A shared-memory input's reference; it carries no data of its own."""
+    if "data" in tin or size is not None:
+        raise _bad(f"input '{name}' has shared_memory_region and data")
+    return (
+        tparams["shared_memory_region"],
+        tparams.get("shared_memory_offset", 0),
+        tparams.get("shared_memory_byte_size", -1),
+        datatype,
+        tuple(shape),
+    )
+
+
+def _unclaimed_tail_error(model_name: str, left: int) -> InvalidArgument:
+    return _bad(
+        f"unexpected additional input data for model '{model_name}': the request body has "
+        f"{left} bytes of binary data not claimed by any input's parameters.binary_data_size"
+    )
+
+
+def _byte_size_error(
+    name: str, model_name: str, size: int, want: int, datatype: str, shape: list[int]
+) -> InvalidArgument:
+    return _bad(
+        f"input byte size mismatch for input '{name}' for model '{model_name}'. "
+        f"Expected {want}, got {size}: parameters.binary_data_size "
+        f"is {size} bytes but shape {show(shape)} of {datatype} requires {want}"
+    )
+
+
+def _binary_size_error(
+    blen: int,
+    header_length: int,
+    pos: int,
+    size: Any,
+    tin: dict[str, Any],
+    name: str,
+    model_name: str,
+) -> InvalidArgument:
+    """Why parameters.binary_data_size cannot be taken: not a size, given with 'data', or
+    past the end of the body."""
+    if type(size) is not int or size < 0:
+        return _bad(f"input '{name}': parameters.binary_data_size must be a non-negative integer")
+    if "data" in tin:
+        return _bad(f"input '{name}' has both 'data' and parameters.binary_data_size")
+    if header_length == blen:
+        return _bad(
+            f"input '{name}' has parameters.binary_data_size but the request has no "
+            "Inference-Header-Content-Length header"
         )
+    return _bad(
+        f"unexpected size for input '{name}', expecting {pos + size - blen} additional "
+        f"bytes for model '{model_name}': parameters.binary_data_size {size} runs "
+        f"past the end of the body ({blen - pos} bytes of binary data remain)"
+    )
 
-    outputs: list[OutputSpec] | None = None
-    shm_outputs: list[str] = []
-    outputs_doc = doc.get("outputs")
-    if outputs_doc is not None:
-        if type(outputs_doc) is not list:
-            raise _bad("the request field 'outputs' must be a JSON array")
-        outputs = []
-        for idx, tout in enumerate(outputs_doc):
-            if type(tout) is not dict or type(tout.get("name")) is not str:
-                raise _bad(f"'outputs[{idx}]' must be a JSON object with a string 'name'")
-            oname = tout["name"]
-            oparams = tout.get("parameters")
-            if oparams is None:
-                oparams = {}
-            elif type(oparams) is not dict:
-                raise _bad(f"output '{oname}': 'parameters' must be a JSON object")
-            outputs.append(OutputSpec(oname, oparams))
-            if "shared_memory_region" in oparams:
-                shm_outputs.append(oname)
 
-    request = InferRequest(model_name, model_version, req_id, inputs, datatypes, outputs, params)
-    if shm_inputs:
-        request.shm_inputs = shm_inputs
-    if shm_outputs:
-        request.shm_outputs = frozenset(shm_outputs)
-    return request
+def _requested_outputs(outputs_doc: Any) -> tuple[list[OutputSpec], list[str]]:
+    """The 'outputs' the client asked for, and those of them to be written into a
+    shared-memory region."""
+    if type(outputs_doc) is not list:
+        raise _bad("the request field 'outputs' must be a JSON array")
+    outputs = []
+    shm_outputs = []
+    for idx, tout in enumerate(outputs_doc):
+        if type(tout) is not dict or type(tout.get("name")) is not str:
+            raise _bad(f"'outputs[{idx}]' must be a JSON object with a string 'name'")
+        oname = tout["name"]
+        oparams = tout.get("parameters")
+        if oparams is None:
+            oparams = {}
+        elif type(oparams) is not dict:
+            raise _bad(f"output '{oname}': 'parameters' must be a JSON object")
+        outputs.append(OutputSpec(oname, oparams))
+        if "shared_memory_region" in oparams:
+            shm_outputs.append(oname)
+    return outputs, shm_outputs
 
 
 # --------------------------------------------------------------------------- response encode

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType
@@ -261,27 +262,13 @@ class _Worker:
                 pass
 
     def _execute(self, msg: Execute) -> ExecuteReply:
+        """One batch: its requests read from the arena, the model's execute() called, its
+        responses checked and their outputs written into this worker's arena. The reply's
+        three durations are those of the reading, of execute() and of the writing."""
         pb = self.pb
-        make_tensor = pb.Tensor._make
-        make_request = pb.InferenceRequest._make
-        code_of = self._code_of
-        view = self.reader.view
-        model_name = self.setup.model_name
-        model_version = self.setup.model_version
         clock = time.perf_counter_ns
-        kserve_by_code = _KSERVE_BY_CODE
-
         t0 = clock()
-        self.reader.attach(msg.arena)
-        requests = []
-        exec_id = msg.id
-        for i, (rid, inputs, outputs, params) in enumerate(msg.requests):
-            tensors = [make_tensor(ref[0], view(ref), code_of[ref[1]]) for ref in inputs]
-            requests.append(
-                make_request(
-                    rid, tensors, list(outputs), params, model_name, model_version, (exec_id, i)
-                )
-            )
+        requests = self._read_requests(msg)
         t1 = clock()
         n = len(requests)
         failed: str | None = None
@@ -298,28 +285,73 @@ class _Worker:
         held = self.runtime.held
         if responses is None and held and failed is None:
             # a non-decoupled model that answered through its response senders
-            responses = [held.pop((exec_id, i), None) for i in range(n)]
-
-        results: list[ResultRef] = []
+            responses = [held.pop((msg.id, i), None) for i in range(n)]
         if failed is None:
-            if not isinstance(responses, list | tuple):
-                failed = (
-                    "python model execute() must return a list of InferenceResponse,"
-                    f" got {type(responses).__name__}"
-                )
-            elif len(responses) != n:
-                failed = (
-                    "Number of InferenceResponse objects do not match the number of"
-                    f" InferenceRequest objects. InferenceRequest(s) size is:{n}, and"
-                    f" InferenceResponse(s) size is:{len(responses)}"
-                )
+            failed = _response_list_error(responses, n)
         if failed is not None:
             err = (pb.TritonError.INTERNAL, failed)
             return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, 0)
 
+        results, counts, to_write, resp_params = self._collect_outputs(requests, responses)
+        refs: tuple[TensorRef, ...] = ()
+        if to_write:
+            try:
+                refs = self.writer.write(to_write)
+            except Exception as exc:
+                traceback.print_exc()
+                err = (pb.TritonError.INTERNAL, f"cannot return outputs: {exc}")
+                return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, clock() - t2)
+        pos = 0
+        for i, k in enumerate(counts):
+            if k >= 0:
+                results[i] = (OK, refs[pos : pos + k])
+                pos += k
+        t3 = clock()
+        return ExecuteReply(
+            msg.id,
+            self.writer.name if to_write else "",
+            tuple(results),
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            tuple(resp_params),
+        )
+
+    def _read_requests(self, msg: Execute) -> list[Any]:
+        """The batch's pb_utils.InferenceRequest objects, their input tensors views on the
+        server's arena (attached here); each carries (execute id, index) for its sender."""
+        make_tensor = self.pb.Tensor._make
+        make_request = self.pb.InferenceRequest._make
+        code_of = self._code_of
+        view = self.reader.view
+        model_name = self.setup.model_name
+        model_version = self.setup.model_version
+        self.reader.attach(msg.arena)
+        requests = []
+        exec_id = msg.id
+        for i, (rid, inputs, outputs, params) in enumerate(msg.requests):
+            tensors = [make_tensor(ref[0], view(ref), code_of[ref[1]]) for ref in inputs]
+            requests.append(
+                make_request(
+                    rid, tensors, list(outputs), params, model_name, model_version, (exec_id, i)
+                )
+            )
+        return requests
+
+    def _collect_outputs(
+        self, requests: list[Any], responses: Sequence[Any]
+    ) -> tuple[list[ResultRef], list[int], list[tuple[str, Any, str]], list[str]]:
+        """Each response's result: an error (the model's, or a malformed response's; count
+        -1) or OK with the count of its outputs, in order, in ``to_write`` (only the outputs
+        its request asked for, where it named any); the response parameters (JSON), only
+        when a model set any."""
+        pb = self.pb
+        kserve_by_code = _KSERVE_BY_CODE
+        n = len(requests)
+        results: list[ResultRef] = []
         to_write: list[tuple[str, Any, str]] = []
         counts: list[int] = []
-        resp_params: list[str] = []  # response parameters (JSON), only when a model set any
+        resp_params: list[str] = []
         for req, resp in zip(requests, responses, strict=True):
             if not isinstance(resp, pb.InferenceResponse):
                 results.append(
@@ -357,27 +389,20 @@ class _Worker:
                 if not resp_params:
                     resp_params = ["{}"] * n
                 resp_params[len(counts) - 1] = resp._parameters
+        return results, counts, to_write, resp_params
 
-        refs: tuple[TensorRef, ...] = ()
-        if to_write:
-            try:
-                refs = self.writer.write(to_write)
-            except Exception as exc:
-                traceback.print_exc()
-                err = (pb.TritonError.INTERNAL, f"cannot return outputs: {exc}")
-                return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, clock() - t2)
-        pos = 0
-        for i, k in enumerate(counts):
-            if k >= 0:
-                results[i] = (OK, refs[pos : pos + k])
-                pos += k
-        t3 = clock()
-        return ExecuteReply(
-            msg.id,
-            self.writer.name if to_write else "",
-            tuple(results),
-            t1 - t0,
-            t2 - t1,
-            t3 - t2,
-            tuple(resp_params),
+
+def _response_list_error(responses: Any, n: int) -> str | None:
+    """Why what execute() returned for ``n`` requests is not their responses, or None."""
+    if not isinstance(responses, list | tuple):
+        return (
+            "python model execute() must return a list of InferenceResponse,"
+            f" got {type(responses).__name__}"
         )
+    if len(responses) != n:
+        return (
+            "Number of InferenceResponse objects do not match the number of"
+            f" InferenceRequest objects. InferenceRequest(s) size is:{n}, and"
+            f" InferenceResponse(s) size is:{len(responses)}"
+        )
+    return None
