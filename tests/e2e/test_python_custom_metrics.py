@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
-from concurrent.futures import ThreadPoolExecutor
 import urllib.error
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.e2e.helpers import post, wait_until
