@@ -11,9 +11,10 @@ Rules of this file:
   cells of every worker that holds it plus ``base`` (what workers that died had counted).
   Gauges live here: their ``set`` and ``increment`` arrive as one-way messages, applied in
   arrival order as Triton applies them.
-- What a model declared goes with its last instance: an owner (one python model instance)
-  that stops takes its contributions away, a series with no owner left disappears, and a
-  family with no series is not shown (Triton shows no family without metrics).
+- What a model declared goes with its last instance: a series with no owner (python model
+  instance) left disappears, and a family with no series is not shown (Triton shows no
+  family without metrics). While others hold a series, what a departed owner counted stays
+  in it: a counter never goes down.
 - Nothing here runs per request; ``render`` runs per scrape.
 """
 
@@ -210,13 +211,18 @@ class CustomMetrics:
 
     def drop(self, owner: Hashable) -> None:
         """``owner`` stopped (its model was unloaded): its series and families go with it
-        unless another owner holds them."""
+        unless another owner holds them (a shared counter then keeps its total: it never
+        goes down)."""
         for name in list(self._families):
             fam = self._families[name]
             fam.owners.discard(owner)
             for key in list(fam.series):
                 series = fam.series[key]
-                series.cells.pop(owner, None)
+                got = series.cells.pop(owner, None)
+                if got is not None:  # what it counted stays while others hold the series
+                    cells, at = got
+                    for i in range(len(series.base)):
+                        series.base[i] += cells[at + i]
                 series.owners.discard(owner)
                 if not series.owners:
                     del fam.series[key]
