@@ -88,9 +88,12 @@ def test_gauge_and_histogram_exposition():
     reg.declare_family("w", "temp", "Temp\nsecond line \\", GAUGE)
     reg.declare_series("w", "temp", {"z": "1", "a": 'q"\\\n'}, ())
     reg.declare_series("w", "temp", {}, ())
-    reg.gauge("temp", (("a", 'q"\\\n'), ("z", "1")), "set", 3.5)
-    reg.gauge("temp", (("a", 'q"\\\n'), ("z", "1")), "inc", -1.0)
-    reg.gauge("temp", (), "set", 7.0)
+    g = cells(4)  # two gauges: (value, time of the last set) each
+    reg.attach("w", "temp", (("a", 'q"\\\n'), ("z", "1")), (g, 0))
+    reg.attach("w", "temp", (), (g, 2))
+    g[0], g[1] = 3.5, 10.0  # set(3.5)
+    g[0] += -1.0  # increment(-1)
+    g[2], g[3] = 7.0, 11.0  # set(7)
     reg.declare_family("w", "lat", "L", HISTOGRAM)
     reg.declare_series("w", "lat", {"a": "b"}, (1.0, 2.5, 5.0))
     hist = cells(5)  # three buckets, +Inf, the sum
@@ -115,3 +118,27 @@ def test_gauge_and_histogram_exposition():
     ]
     with pytest.raises(MetricError, match="is not declared"):
         reg.value("temp", (("other", "x"),))
+
+
+def test_gauge_over_workers_last_set_wins_and_adders_add():
+    reg = CustomMetrics()
+    key = (("model", "m"),)
+    got = {}
+    for w in ("w1", "w2", "w3"):
+        reg.declare_family(w, "g", "G", GAUGE)
+        reg.declare_series(w, "g", {"model": "m"}, ())
+        got[w] = cells(2)
+        reg.attach(w, "g", key, (got[w], 0))
+    got["w1"][0], got["w1"][1] = 5.0, 100.0  # w1 set(5) at t=100
+    got["w2"][0], got["w2"][1] = 9.0, 200.0  # w2 set(9) at t=200: the last set
+    got["w3"][0] = 2.0  # w3 only ever added 2 (an in-flight count, say)
+    assert reg.value("g", key) == 11
+    reg.fold("w2")  # w2's worker died: its set stays the last one
+    assert reg.value("g", key) == 11
+    got["w1"][0], got["w1"][1] = 1.0, 300.0  # a later set by w1
+    assert reg.value("g", key) == 3
+    reg.drop("w1")
+    reg.drop("w3")
+    assert reg.value("g", key) == 3  # what w1 and w3 wrote stays while w2 holds the series
+    reg.drop("w2")
+    assert reg.render() == ""

@@ -6,11 +6,15 @@ Rules of this file:
   same kind gives the same family (the first description stays), with another kind is an
   error (Triton's words). A series is a family plus a label set; two ``Metric`` objects with
   the same labels, in one worker or in several, are the same series.
-- Counters and histograms are written by the workers into shared-memory cells with no
-  message per call (``backends/python/metric_cells.py``); a series sums, at scrape time, the
-  cells of every worker that holds it plus ``base`` (what workers that died had counted).
-  Gauges live here: their ``set`` and ``increment`` arrive as one-way messages, applied in
-  arrival order as Triton applies them.
+- Workers write every series into shared-memory cells with no message per call
+  (``backends/python/metric_cells.py``); at scrape time a counter or histogram sums the
+  cells of every worker that holds it plus ``base`` (what workers that left had counted).
+- A gauge's cells per worker are (value, time of its last ``set``; 0: never set). Its value:
+  the value of the worker that set it last, plus the values of the workers that only ever
+  added to it. Exact for one writer, for many that only add (an in-flight count), and for
+  many that only set (the last set wins, as in Triton); where workers mix ``set`` and
+  ``increment`` on one series, another worker's increments made before a set are not
+  undone by it (Triton applies every call in one order: a race in either server).
 - What a model declared goes with its last instance: a series with no owner (python model
   instance) left disappears, and a family with no series is not shown (Triton shows no
   family without metrics). While others hold a series, what a departed owner counted stays
@@ -35,6 +39,7 @@ __all__ = [
     "MetricError",
     "Cells",
     "format_value",
+    "cell_count",
 ]
 
 COUNTER, GAUGE, HISTOGRAM = 0, 1, 2  # Triton's MetricKind values
@@ -58,11 +63,13 @@ class MetricError(Exception):
 class _Series:
     labels: Labels
     buckets: tuple[float, ...]  # histograms only
+    gauge: bool = False
     owners: set[Hashable] = field(default_factory=set)
     cells: dict[Hashable, Cells] = field(default_factory=dict)  # counters and histograms
     # counters: [total]; histograms: per-bucket counts (the last is +Inf), then the sum;
-    # what workers that died had written. Gauges: [value].
+    # what workers that left had written. Gauges: their (value, set time) pairs.
     base: list[float] = field(default_factory=list)
+    gone: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -102,11 +109,11 @@ def _labels_text(labels: Labels, extra: str = "") -> str:
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
-def _width(kind: int, buckets: Sequence[float]) -> int:
+def cell_count(kind: int, buckets: Sequence[float]) -> int:
     """How many cells a series takes in a worker's block."""
     if kind == HISTOGRAM:
         return len(buckets) + 2  # one count per bucket, +Inf, the sum
-    return 1
+    return 2 if kind == GAUGE else 1  # a gauge: value, time of the last set
 
 
 class CustomMetrics:
@@ -152,7 +159,9 @@ class CustomMetrics:
             bounds = tuple(float(b) for b in buckets) if fam.kind == HISTOGRAM else ()
             if any(b >= c for b, c in zip(bounds, bounds[1:], strict=False)):
                 raise MetricError("Bucket Boundaries must be strictly sorted")
-            series = fam.series[key] = _Series(key, bounds, base=[0.0] * _width(fam.kind, bounds))
+            series = fam.series[key] = _Series(
+                key, bounds, base=[0.0] * cell_count(fam.kind, bounds), gauge=fam.kind == GAUGE
+            )
         series.owners.add(owner)
         return series.buckets
 
@@ -166,7 +175,7 @@ class CustomMetrics:
         return tuple(sorted(labels.items()))
 
     def attach(self, owner: Hashable, family: str, labels: Labels, cells: Cells) -> None:
-        """Where ``owner``'s worker counts the series (counters and histograms)."""
+        """Where ``owner``'s worker writes the series."""
         self._series(family, labels).cells[owner] = cells
 
     # ---------------------------------------------------------------- values
@@ -177,19 +186,17 @@ class CustomMetrics:
             raise MetricError(f"metric {family}{_labels_text(labels)} is not declared")
         return series
 
-    def gauge(self, family: str, labels: Labels, op: str, value: float) -> None:
-        series = self._series(family, labels)
-        if op == "set":
-            series.base[0] = value
-        else:
-            series.base[0] += value
-
     def value(self, family: str, labels: Labels) -> float:
         """A counter's or gauge's value over every worker (``Metric.value()``)."""
         return self._totals(self._series(family, labels))[0]
 
     @staticmethod
     def _totals(series: _Series) -> list[float]:
+        if series.gauge:
+            pairs = [(c[at], c[at + 1]) for c, at in series.cells.values()] + series.gone
+            setters = [p for p in pairs if p[1] > 0]
+            added = sum(v for v, stamp in pairs if stamp == 0)
+            return [max(setters, key=lambda p: p[1])[0] + added if setters else added]
         out = list(series.base)
         n = len(out)
         for cells, at in series.cells.values():
@@ -205,9 +212,17 @@ class CustomMetrics:
             for series in fam.series.values():
                 got = series.cells.pop(owner, None)
                 if got is not None:
-                    cells, at = got
-                    for i in range(len(series.base)):
-                        series.base[i] += cells[at + i]
+                    self._keep(series, got)
+
+    @staticmethod
+    def _keep(series: _Series, got: Cells) -> None:
+        """What a worker that leaves had written stays in the series."""
+        cells, at = got
+        if series.gauge:
+            series.gone.append((cells[at], cells[at + 1]))
+            return
+        for i in range(len(series.base)):
+            series.base[i] += cells[at + i]
 
     def drop(self, owner: Hashable) -> None:
         """``owner`` stopped (its model was unloaded): its series and families go with it
@@ -220,9 +235,7 @@ class CustomMetrics:
                 series = fam.series[key]
                 got = series.cells.pop(owner, None)
                 if got is not None:  # what it counted stays while others hold the series
-                    cells, at = got
-                    for i in range(len(series.base)):
-                        series.base[i] += cells[at + i]
+                    self._keep(series, got)
                 series.owners.discard(owner)
                 if not series.owners:
                     del fam.series[key]

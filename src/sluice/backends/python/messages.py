@@ -200,10 +200,8 @@ class MetricCall:
     """A custom-metric call from ``pb_utils`` (``observability/custom_metrics.py``).
 
     ``op`` and ``args``: "family" (name, description, kind); "metric" (family, labels JSON,
-    buckets, block name, first cell) for a counter or histogram, whose worker then counts in
-    that block; "series" (family, labels JSON) for a gauge; "value" (family, labels JSON);
-    "set" / "inc" (family, labels JSON, value) for a gauge. ``id`` 0: no reply wanted (set,
-    inc); others get a ``MetricReply``.
+    buckets, block name, first cell): the worker then writes the series in that block;
+    "value" (family, labels JSON). Each gets a ``MetricReply``.
     """
 
     id: int

@@ -4,8 +4,8 @@ Rules of this file:
 - The instance is the owner of what its worker declares in the server's ``CustomMetrics``
   (``observability/custom_metrics.py``): its worker restarts keep it (``worker_gone`` folds
   what the dead worker counted), its stop takes it away (``close``).
-- Calls are handled at once, in the event loop (no task: nothing here waits), so a gauge's
-  one-way ``set`` and a later ``value()`` of the same worker are applied in order.
+- Calls are handled at once, in the event loop (no task: nothing here waits). There are
+  few: a family or series declared, a ``value()`` asked; counting goes through the cells.
 - A refused call is a ``MetricReply`` with the refusal's text; the model gets Triton's
   ``TritonModelException`` around it.
 """
@@ -43,18 +43,13 @@ class MetricCalls:
         try:
             value, buckets = self._apply(msg)
         except MetricError as exc:
-            if msg.id:
-                self._reply(MetricReply(msg.id, str(exc)))
-            else:  # a one-way call cannot be told; the worker checked what it could
-                log.warning("custom metric call %s refused: %s", msg.op, exc)
+            self._reply(MetricReply(msg.id, str(exc)))
             return
         except Exception as exc:  # noqa: BLE001 - a bad message must not stop the loop
             log.exception("custom metric call %s failed", msg.op)
-            if msg.id:
-                self._reply(MetricReply(msg.id, f"custom metric call failed: {exc}"))
+            self._reply(MetricReply(msg.id, f"custom metric call failed: {exc}"))
             return
-        if msg.id:
-            self._reply(MetricReply(msg.id, "", value, buckets))
+        self._reply(MetricReply(msg.id, "", value, buckets))
 
     def _apply(self, msg: MetricCall) -> tuple[float, tuple[float, ...]]:
         reg = self._registry
@@ -65,24 +60,16 @@ class MetricCalls:
             name, description, kind = args
             reg.declare_family(self._owner, name, description, kind)
             return 0.0, ()
-        if op in ("metric", "series"):
-            family, text = args[0], args[1]
+        if op == "metric":
+            family, text, bounds, block, at = args
             labels = _labels(text)
-            buckets = reg.declare_series(
-                self._owner, family, labels, args[2] if op == "metric" else ()
-            )
-            if op == "metric":
-                block, at = args[3], args[4]
-                cells = self._blocks.view(block)
-                self._block_names.add(block)
-                reg.attach(self._owner, family, reg.check_labels(labels), (cells, at))
+            buckets = reg.declare_series(self._owner, family, labels, bounds)
+            cells = self._blocks.view(block)
+            self._block_names.add(block)
+            reg.attach(self._owner, family, reg.check_labels(labels), (cells, at))
             return 0.0, buckets
-        key = reg.check_labels(_labels(args[1]))
         if op == "value":
-            return reg.value(args[0], key), ()
-        if op in ("set", "inc"):
-            reg.gauge(args[0], key, op, float(args[2]))
-            return 0.0, ()
+            return reg.value(args[0], reg.check_labels(_labels(args[1]))), ()
         raise MetricError(f"unknown custom metric call '{op}'")
 
     def worker_gone(self) -> None:

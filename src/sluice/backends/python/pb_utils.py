@@ -15,9 +15,9 @@ Rules of this file:
   back into the worker through ``_RUNTIME`` (``runtime.Runtime``), set by the worker before
   the model is imported; outside a worker they raise ``TritonModelException``.
 - Custom metrics (``MetricFamily``) and the model loading API (``load_model``,
-  ``unload_model``, ``is_model_ready``) raise Triton's ``TritonModelException`` texts. A
-  counter's ``increment`` and a histogram's ``observe`` write the worker's shared cells (no
-  message); everything else asks the server (``messages.MetricCall`` / ``ModelControlCall``).
+  ``unload_model``, ``is_model_ready``) raise Triton's ``TritonModelException`` texts.
+  ``increment``, ``set`` and ``observe`` write the worker's shared cells (no message);
+  declarations and ``value()`` ask the server (``messages.MetricCall`` / ``ModelControlCall``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import json
 import logging
 from bisect import bisect_left
 from collections.abc import Iterable
+from time import monotonic_ns as _monotonic_ns
 from typing import Any
 
 import numpy as np
@@ -764,7 +765,7 @@ class Metric:
                 )
             self._cells[self._at] += v
         elif kind == 1:
-            self._gauge("inc", v)
+            self._cells[self._at] += v
         else:
             raise self._unsupported("Failed to increment metric value", "Increment")
 
@@ -773,7 +774,9 @@ class Metric:
         v = _number(value, "set")
         if self._kind != 1:
             raise self._unsupported("Failed to set metric value", "Set")
-        self._gauge("set", v)
+        cells, at = self._cells, self._at
+        cells[at] = v
+        cells[at + 1] = _monotonic_ns()  # the last set across workers wins
 
     def observe(self, value: float) -> None:
         """Count ``value`` in a histogram (its bucket and its sum)."""
@@ -793,13 +796,6 @@ class Metric:
         if reply.error:
             raise _server_error("Failed to get metric value", reply.error)
         return float(reply.value)
-
-    def _gauge(self, op: str, v: float) -> None:
-        rt = _metric_runtime("Metric")
-        try:  # one-way: applied in order before any later call of this worker
-            rt.channel.send(MetricCall(0, op, (self._family, self._labels, v)))
-        except OSError:
-            raise TritonModelException("Metric: the server has gone away") from None
 
 
 def _MetricCall(rt: Any, op: str, args: tuple[Any, ...]) -> MetricCall:  # noqa: N802
@@ -854,14 +850,10 @@ class MetricFamily:
         key = (self._name, text)
         got = rt.series.get(key)
         if got is None:
-            if self._kind == 1:  # gauges live in the server
-                args: tuple[Any, ...] = (self._name, text)
-                op, cells, at = "series", None, 0
-            else:
-                width = len(bounds) + 2 if self._kind == 2 else 1
-                block, at, cells = rt.cells().allocate(width)
-                args = (self._name, text, bounds, block, at)
-                op = "metric"
+            width = len(bounds) + 2 if self._kind == 2 else 2 if self._kind == 1 else 1
+            block, at, cells = rt.cells().allocate(width)
+            args = (self._name, text, bounds, block, at)
+            op = "metric"
             reply = _ask(rt, _MetricCall(rt, op, args), "MetricFamily.Metric")
             if reply.error:
                 raise _server_error("Error when creating Metric", reply.error)
