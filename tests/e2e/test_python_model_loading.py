@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from tests.e2e.helpers import error_text, index_entries, post
-from tests.zoo_pyapi import loader, plain, probe, run
+from tests.zoo import write_model
+from tests.zoo_pyapi import PLAIN_CONFIG, loader, plain, probe, run
 
 WHERE = "Failed to process the request for model 'probe_0', message: "
 
@@ -174,3 +175,54 @@ def test_refused_outside_explicit_mode_and_in_finalize(tmp_path: Path, start_ser
         "TritonModelException: Failed to load model: the model loading API is not supported "
         "in finalize (only in initialize and execute)"
     )
+
+
+AUTO_COMPLETE_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except Exception as e:
+        return "%s: %s" % (type(e).__name__, e)
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        with open(RECORD, "w") as f:
+            f.write(attempt(lambda: pb_utils.load_model("sub")) + "\\n")
+            f.write(attempt(lambda: pb_utils.is_model_ready("sub")) + "\\n")
+            f.write(attempt(lambda: pb_utils.MetricFamily("x", "x", pb_utils.MetricFamily.GAUGE)))
+        return config
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_refused_in_auto_complete_config(tmp_path: Path, start_server):
+    """Real Triton 2.51 hangs the load there (the stub waits for an answer that never comes);
+    here each call fails at once and the model loads."""
+    repo = tmp_path / "repo"
+    record = tmp_path / "record.txt"
+    plain(repo, "sub")
+    write_model(
+        repo,
+        "auto",
+        PLAIN_CONFIG.format(name="auto"),
+        AUTO_COMPLETE_PY.replace("RECORD", repr(str(record))),
+    )
+    srv = start_server(repo, "--model-control-mode=explicit", "--load-model=auto")
+    assert index_entries(srv, "auto")[0]["state"] == "READY"
+    assert record.read_text().splitlines() == [
+        "TritonModelException: Failed to load model: the model loading API is not supported "
+        "in auto_complete_config (only in initialize and execute)",
+        "TritonModelException: Failed to check model readiness: the model loading API is not "
+        "supported in auto_complete_config (only in initialize and execute)",
+        "TritonModelException: Error when creating MetricFamily: custom metrics are not "
+        "available in auto_complete_config (the model is not loaded yet); create them in "
+        "initialize or execute",
+    ]
