@@ -49,6 +49,9 @@ def test_families_as_triton_shows_them_and_gone_on_unload(tmp_path: Path, start_
         'R = (m.value(), S["m"].value())'
     )
     assert run(srv, again) == "(3.5, 3.5)"
+    # the same labels with other buckets: the series keeps its buckets (as Triton's)
+    other = 'm = S["h"].Metric(labels={"a": "b"}, buckets=[10.0]); m.observe(7); R = 1'
+    assert run(srv, other) == "1"
     # a family without metrics is not shown
     assert (
         run(
@@ -68,12 +71,12 @@ def test_families_as_triton_shows_them_and_gone_on_unload(tmp_path: Path, start_
         "probe_gauge 7",
         "# HELP probe_hist H",
         "# TYPE probe_hist histogram",
-        'probe_hist_count{a="b"} 3',
-        'probe_hist_sum{a="b"} 6',
+        'probe_hist_count{a="b"} 4',
+        'probe_hist_sum{a="b"} 13',
         'probe_hist_bucket{a="b",le="1"} 1',
         'probe_hist_bucket{a="b",le="2.5"} 2',
         'probe_hist_bucket{a="b",le="5"} 3',
-        'probe_hist_bucket{a="b",le="+Inf"} 3',
+        'probe_hist_bucket{a="b",le="+Inf"} 4',
     ]
     # the server's own families come first, unchanged
     page = scrape(srv)

@@ -849,15 +849,17 @@ class MetricFamily:
             raise TritonModelException(f"Error when creating Metric: {exc}") from None
         key = (self._name, text)
         got = rt.series.get(key)
-        if got is None:
+        while got is None:
             width = len(bounds) + 2 if self._kind == 2 else 2 if self._kind == 1 else 1
             block, at, cells = rt.cells().allocate(width)
             args = (self._name, text, bounds, block, at)
-            op = "metric"
-            reply = _ask(rt, _MetricCall(rt, op, args), "MetricFamily.Metric")
+            reply = _ask(rt, _MetricCall(rt, "metric", args), "MetricFamily.Metric")
             if reply.error:
                 raise _server_error("Error when creating Metric", reply.error)
-            got = rt.series[key] = (cells, at, tuple(reply.buckets))
+            if tuple(reply.buckets) == bounds:
+                got = rt.series[key] = (cells, at, bounds)
+            else:  # the series exists with other buckets (as in Triton, those stay): their cells
+                bounds = tuple(reply.buckets)
         cells, at, series_buckets = got
         return Metric(self, text, cells, at, series_buckets)
 
