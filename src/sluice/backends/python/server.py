@@ -430,8 +430,10 @@ class PythonInstance:
             return
         initializing = not self.worker.ready  # called from initialize
         callers = self.callers if not initializing else (self.spec.name,)
+        pid = self.worker.pid
         error, ready = await self._control.call(self.spec.name, initializing, callers, msg)
-        self.worker.answer(ModelControlReply(msg.id, error, ready))
+        if self.worker.pid == pid:  # not to a replacement, whose call ids start over
+            self.worker.answer(ModelControlReply(msg.id, error, ready))
 
     def _stream_response(self, r: InferRequest, msg: Respond) -> InferResponse:
         outputs: dict[str, np.ndarray] = {}
