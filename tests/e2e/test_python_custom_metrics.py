@@ -149,18 +149,24 @@ def test_instances_share_series_and_a_restart_keeps_counts(tmp_path: Path, start
     repo = tmp_path / "repo"
     init = (
         'S["c"] = pb_utils.MetricFamily("shared_total", "Shared", '
-        'pb_utils.MetricFamily.COUNTER).Metric(labels={"model": "probe"})'
+        'pb_utils.MetricFamily.COUNTER).Metric(labels={"model": "probe"}); '
+        'S["g"] = pb_utils.MetricFamily("started", "Started", '
+        "pb_utils.MetricFamily.GAUGE).Metric()"
     )
     probe(repo, count=2, init_code=init)
     srv = start_server(repo, "--model-control-mode=explicit", "--load-model=probe")
     # requests in flight together land on both instances
-    code = 'import os, time; time.sleep(0.2); S["c"].increment(1); R = os.getpid()'
+    code = (
+        'import os, time; S["g"].increment(1); time.sleep(0.2); S["c"].increment(1); '
+        "R = os.getpid()"
+    )
     n = 8
     with ThreadPoolExecutor(4) as pool:
         pids = set(pool.map(lambda _: run(srv, code), range(n)))
     assert len(pids) == 2
     assert f'shared_total{{model="probe"}} {n}' in custom_lines(srv)
-    assert run(srv, 'R = S["c"].value()') == f"{float(n)}"
+    assert f"started {n}" in custom_lines(srv)  # a gauge only added to: the workers' sum
+    assert run(srv, 'R = (S["c"].value(), S["g"].value())') == f"({float(n)}, {float(n)})"
     os.kill(int(next(iter(pids))), signal.SIGKILL)
 
     def serving_pids() -> set[str]:
