@@ -63,6 +63,8 @@ class Server:
         self.metrics_port = config.metrics_port
         # restricted APIs, API keys, audit log; None when none is configured
         self.policy = build_policy(config)
+        if self.policy is not None:  # python models' load_model / unload_model are audited
+            self.service.serving.model_control.audit = self.policy.audit
 
     def reload_keys(self) -> None:
         """SIGHUP: re-read --api-keys-file; a bad file keeps the keys in force."""
@@ -134,7 +136,12 @@ class Server:
             await self._start_grpc()
         if cfg.allow_metrics:
             self._metrics, task, self.metrics_port = await start_http_server(
-                metrics_app(self.registry, self.service.serving.cache, cfg.allow_cpu_metrics),
+                metrics_app(
+                    self.registry,
+                    self.service.serving.cache,
+                    cfg.allow_cpu_metrics,
+                    self.service.serving.custom_metrics,
+                ),
                 cfg.metrics_address,
                 cfg.metrics_port,
                 timeout_graceful_shutdown=1,
