@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from ..core.cache import ResponseCache
 from ..core.registry import Registry
@@ -18,9 +19,12 @@ _Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def metrics_app(
-    models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+    models: Registry,
+    cache: ResponseCache | None = None,
+    cpu_metrics: bool = True,
+    extra: Collector | None = None,
 ) -> Any:
-    registry = build_registry(models, cache, cpu_metrics)
+    registry = build_registry(models, cache, cpu_metrics, extra)
     text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:

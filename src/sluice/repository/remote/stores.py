@@ -1,0 +1,198 @@
+"""Object-store clients (obstore: one library for S3, GCS and Azure) and their errors.
+
+Rules of this file:
+- obstore is imported here only, when a remote repository is first used: a server without
+  the ``storage`` extra serves local repositories, and names the extra when given a URL.
+- Every failure becomes ``RepositoryError`` (HTTP 400, as Triton's load errors) whose message
+  names the URL and says in a few words what failed: the store's error code and message, a
+  refused connection, a timeout. Secrets are scrubbed from every message.
+- Sluice's own additions for local emulators (not Triton's): ``STORAGE_EMULATOR_HOST`` (the
+  GCS emulator address Google's clients honour) and ``AZURE_STORAGE_ENDPOINT``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import InvalidArgument
+from .credentials import Credentials, secrets_of
+from .url import StoreUrl
+
+__all__ = ["ObjectInfo", "RepositoryError", "Store", "describe_error", "open_store"]
+
+
+class RepositoryError(InvalidArgument):
+    """A remote model repository could not be read (listing, download, verification)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str | None
+    version: str | None
+    modified: str
+
+
+def describe_error(exc: BaseException, secrets: list[str]) -> str:
+    """A short account of a store failure: the store's error code and message where it
+    sent them, else the first line of the client's message; secrets replaced by '***'."""
+    text = str(exc)
+    code = re.search(r"<Code>([^<]*)</Code>", text)
+    msg = re.search(r"<Message>([^<]*)</Message>", text)
+    if code is not None:
+        out = code.group(1) + (f": {msg.group(1)}" if msg is not None else "")
+    elif re.search(r"connection refused|Connection refused|tcp connect error", text):
+        out = "connection refused (is the store's endpoint right and up?)"
+    elif "timed out" in text or "operation timed out" in text or "deadline" in text:
+        out = "the store did not answer in time"
+    else:
+        m = re.search(r"Server returned non-2xx status code: ([^:\n]*)", text)
+        if m is not None:
+            out = f"the store answered {m.group(1)}"
+        else:
+            out = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            out = out[:300]
+    for s in secrets:
+        out = out.replace(s, "***")
+    return out
+
+
+def _import_obstore() -> Any:
+    try:
+        import obstore
+        import obstore.store
+    except ImportError:
+        raise InvalidArgument(
+            "model repositories in object storage (s3://, gs://, as://) need the 'storage' "
+            "extra: pip install 'sluice[storage]'"
+        ) from None
+    return obstore
+
+
+class Store:
+    """One repository's client: list its objects, fetch one (verified)."""
+
+    def __init__(self, url: StoreUrl, creds: Credentials, timeout_s: float, client: Any) -> None:
+        self.url = url
+        self.creds = creds
+        self.timeout_s = timeout_s
+        self._client = client
+        self._obstore = _import_obstore()
+        self.secrets = secrets_of(creds)
+
+    def error(self, what: str, exc: BaseException, key: str = "") -> RepositoryError:
+        where = self.url.object_url(key) if key else self.url.url
+        return RepositoryError(
+            f"model repository {where}: {what}: {describe_error(exc, self.secrets)}"
+        )
+
+    async def list(self) -> list[ObjectInfo]:
+        """Every object under the repository's prefix ("directory" markers left out)."""
+        out: list[ObjectInfo] = []
+        try:
+            async for batch in self._obstore.list(self._client, prefix=self.url.prefix or None):
+                for meta in batch:
+                    key = str(meta["path"])
+                    if key.endswith("/"):
+                        continue
+                    modified = meta.get("last_modified")
+                    out.append(
+                        ObjectInfo(
+                            key,
+                            int(meta["size"]),
+                            meta.get("e_tag"),
+                            meta.get("version"),
+                            modified.isoformat() if modified is not None else "",
+                        )
+                    )
+        except Exception as exc:
+            raise self.error("cannot list objects", exc) from None
+        return out
+
+    async def fetch(self, obj: ObjectInfo) -> bytes:
+        """The bytes of ``obj``, checked against the listed size (and, for an S3 ETag that
+        is an MD5, the content's MD5)."""
+        try:
+            result = await self._obstore.get_async(self._client, obj.key)
+            data = bytes(await result.bytes_async())
+        except FileNotFoundError as exc:
+            raise self.error("object disappeared while downloading", exc, obj.key) from None
+        except Exception as exc:
+            raise self.error("download failed", exc, obj.key) from None
+        where = self.url.object_url(obj.key)
+        if len(data) != obj.size:
+            raise RepositoryError(
+                f"model repository {where}: downloaded {len(data)} bytes, the listing said "
+                f"{obj.size} (the object changed during the download?)"
+            )
+        etag = (obj.etag or "").strip('"')
+        if self.url.scheme == "s3" and re.fullmatch(r"[0-9a-f]{32}", etag):
+            got = hashlib.md5(data, usedforsecurity=False).hexdigest()
+            if got != etag:
+                raise RepositoryError(
+                    f"model repository {where}: content MD5 {got} does not match the ETag "
+                    f"{etag} (the object changed during the download?)"
+                )
+        return data
+
+
+def open_store(
+    url: StoreUrl, creds: Credentials, env: Mapping[str, str], timeout_s: float
+) -> Store:
+    """A client for ``url`` with ``creds``; nothing is sent until the first list."""
+    obstore = _import_obstore()
+    from obstore.store import AzureStore, GCSStore, S3Store
+
+    client_options: Any = {
+        "timeout": f"{max(1, int(timeout_s))}s",
+        "connect_timeout": f"{max(1, min(int(timeout_s), 10))}s",
+    }
+    retry: Any = {
+        "max_retries": 2,
+        "retry_timeout": datetime.timedelta(seconds=max(1.0, timeout_s)),
+    }
+    del obstore
+    client: Any
+    if url.scheme == "s3":
+        kw: dict[str, Any] = {"virtual_hosted_style_request": False}
+        if url.endpoint:
+            kw["endpoint"] = url.endpoint
+            client_options["allow_http"] = url.endpoint.startswith("http://")
+        kw["region"] = creds.region or "us-east-1"
+        if creds.key_id and creds.secret_key:
+            kw["access_key_id"] = creds.key_id
+            kw["secret_access_key"] = creds.secret_key
+            if creds.session_token:
+                kw["session_token"] = creds.session_token
+        else:
+            kw["skip_signature"] = True
+        client = S3Store(url.bucket, client_options=client_options, retry_config=retry, **kw)
+    elif url.scheme == "gs":
+        gkw: dict[str, Any] = {}
+        emulator = env.get("STORAGE_EMULATOR_HOST", "")
+        if emulator:
+            gkw["base_url"] = emulator if "://" in emulator else f"http://{emulator}"
+            client_options["allow_http"] = True
+        if creds.gcs_key_file:
+            gkw["application_credentials"] = creds.gcs_key_file
+        else:
+            gkw["skip_signature"] = True
+        client = GCSStore(url.bucket, client_options=client_options, retry_config=retry, **gkw)
+    else:
+        akw: dict[str, Any] = {"account_name": creds.account or url.account}
+        endpoint = env.get("AZURE_STORAGE_ENDPOINT", "")
+        if endpoint:
+            akw["endpoint"] = endpoint
+            client_options["allow_http"] = endpoint.startswith("http://")
+        if creds.account_key:
+            akw["account_key"] = creds.account_key
+        else:
+            akw["skip_signature"] = True
+        client = AzureStore(url.bucket, client_options=client_options, retry_config=retry, **akw)
+    return Store(url, creds, timeout_s, client)
