@@ -194,7 +194,7 @@ class Server:
         # object-storage repositories: the first listing and download fill their mirrors; a
         # failure stops the start as a missing directory does (unless --exit-on-error=false:
         # the models of the others serve, and a later load or poll tries again)
-        refreshed = await self.manager.refresh_remote_logged("model repository")
+        refreshed = await self.manager.refresh_remote_logged("start")
         if not refreshed and self.config.exit_on_error:
             raise ServerError(
                 "cannot read a model repository in object storage (above); "

@@ -108,7 +108,7 @@ def _aws_profile(profile: str, source: str, env: Mapping[str, str]) -> Credentia
         return str(section.get(key, "") or conf_section.get(key, "") or "")
 
     if not (get("aws_access_key_id") and get("aws_secret_access_key")):
-        return Credentials("none", region=get("region"))
+        return Credentials("none (unsigned requests)", region=get("region"))
     return Credentials(
         f"{source} profile '{profile}'",
         get("aws_access_key_id"),

@@ -49,6 +49,10 @@ def describe_error(exc: BaseException, secrets: list[str]) -> str:
         out = code.group(1) + (f": {msg.group(1)}" if msg is not None else "")
     elif re.search(r"connection refused|Connection refused|tcp connect error", text):
         out = "connection refused (is the store's endpoint right and up?)"
+    elif "dns error" in text:
+        out = "cannot resolve the store's host name"
+    elif "error sending request" in text:
+        out = "cannot reach the store (error sending request)"
     elif "timed out" in text or "operation timed out" in text or "deadline" in text:
         out = "the store did not answer in time"
     else:

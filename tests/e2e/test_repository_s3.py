@@ -1,0 +1,323 @@
+"""A model repository in S3 (moto's S3 server, a real process on 127.0.0.1): the server is
+started with ``--model-repository=s3://127.0.0.1:PORT/bucket/models`` beside a local one, and
+judged by what it serves, its repository index and its download counters."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import free_port
+from tests.e2e.helpers import index_entries, infer_fp32, post, wait_until
+from tests.zoo import version_model_py, versioned_model
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("obstore")
+MOTO = Path(sys.executable).parent / "moto_server"
+if not MOTO.exists():
+    pytest.skip("moto_server is not installed (the dev extra)", allow_module_level=True)
+
+KEY_ID, SECRET = "AKIDSLUICETEST", "s3cr3t-never-shown-0123456789"
+
+
+class Moto:
+    """``moto_server`` on 127.0.0.1 (a free port; retried if another process took it)."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        for _attempt in range(5):
+            self.port = free_port()
+            self.proc = subprocess.Popen(
+                [str(MOTO), "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+            if self._wait_up():
+                break
+            self.stop()
+        else:
+            raise RuntimeError("moto_server did not start")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=KEY_ID,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+        )
+
+    def _wait_up(self) -> bool:
+        import socket
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1),
+            ):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def url(self, bucket: str, prefix: str = "models") -> str:
+        return f"s3://127.0.0.1:{self.port}/{bucket}/{prefix}"
+
+    def upload(self, bucket: str, local: Path, prefix: str = "models") -> None:
+        for path in sorted(local.rglob("*")):
+            if path.is_file():
+                key = f"{prefix}/{path.relative_to(local).as_posix()}"
+                self.client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+
+    def put(self, bucket: str, key: str, body: bytes | str) -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def delete_prefix(self, bucket: str, prefix: str) -> None:
+        listed = self.client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+        for obj in listed:
+            self.client.delete_object(Bucket=bucket, Key=obj["Key"])
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[Moto]:
+    server = Moto()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_buckets = iter(range(1, 10_000))
+
+
+def new_bucket(moto: Moto) -> str:
+    name = f"repo-{os.getpid()}-{next(_buckets)}"
+    moto.client.create_bucket(Bucket=name)
+    return name
+
+
+def creds_env() -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def counter(srv, name: str, scheme: str = "s3") -> float:  # type: ignore[no-untyped-def]
+    code, body = srv.get("/metrics", port=srv.metrics_port)
+    assert code == 200
+    want = f'{name}{{scheme="{scheme}"}} '
+    for line in body.decode().splitlines():
+        if line.startswith(want):
+            return float(line[len(want) :])
+    raise AssertionError(f"no {want.strip()} in the metrics")
+
+
+def sizes(local: Path) -> tuple[int, int]:
+    files = [p for p in local.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def serve_s3(start_server, tmp_path: Path, url: str, *flags: str, **kw):  # type: ignore[no-untyped-def]
+    """A server on an (empty) local repository plus ``url``, its cache under ``tmp_path``."""
+    local = tmp_path / "local"
+    local.mkdir(exist_ok=True)
+    return start_server(
+        local,
+        f"--model-repository={url}",
+        f"--repository-cache-dir={tmp_path / 'cache'}",
+        *flags,
+        env={**creds_env(), **kw.pop("env", {})},
+        **kw,
+    )
+
+
+def test_python_model_served_from_s3_and_warm_restart_downloads_nothing(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1])
+    (src / "adder" / "1" / "helper.txt").write_text("beside model.py\n")
+    moto.upload(bucket, src)
+    n_objects, n_bytes = sizes(src)
+
+    srv = serve_s3(start_server, tmp_path, moto.url(bucket))
+    with httpclient.InferenceServerClient(srv.http) as client:
+        inp = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.array([[2.5]], dtype=np.float32))
+        out = client.infer("adder", [inp]).as_numpy("OUTPUT0")
+        assert out.tolist() == [[3.5]]  # version 1 adds 1
+    assert counter(srv, "sluice_repository_download_objects_total") == n_objects
+    assert counter(srv, "sluice_repository_download_bytes_total") == n_bytes
+    assert counter(srv, "sluice_repository_cache_hits_total") == 0
+    assert srv.stop() == 0
+
+    again = serve_s3(start_server, tmp_path, moto.url(bucket))
+    assert infer_fp32(again, "adder", 1.0)[1]["outputs"][0]["data"] == [2.0]
+    assert counter(again, "sluice_repository_download_bytes_total") == 0
+    assert counter(again, "sluice_repository_download_objects_total") == 0
+    assert counter(again, "sluice_repository_cache_hits_total") == n_objects
+
+
+def test_explicit_load_after_config_edit_downloads_only_the_config(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1])
+    moto.upload(bucket, src)
+    srv = serve_s3(
+        start_server,
+        tmp_path,
+        moto.url(bucket),
+        "--model-control-mode=explicit",
+        "--load-model=adder",
+    )
+    with httpclient.InferenceServerClient(srv.http) as client:
+        assert client.get_model_config("adder")["max_batch_size"] == 8
+        before = counter(srv, "sluice_repository_download_objects_total")
+        bytes_before = counter(srv, "sluice_repository_download_bytes_total")
+        config = (
+            (src / "adder" / "config.pbtxt")
+            .read_text()
+            .replace("max_batch_size: 8", "max_batch_size: 4")
+        )
+        moto.put(bucket, "models/adder/config.pbtxt", config)
+        client.load_model("adder")
+        assert client.get_model_config("adder")["max_batch_size"] == 4
+    assert counter(srv, "sluice_repository_download_objects_total") == before + 1
+    assert counter(srv, "sluice_repository_download_bytes_total") == bytes_before + len(config)
+
+
+def test_poll_sees_an_added_and_a_deleted_version(moto: Moto, start_server, tmp_path: Path) -> None:
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1], policy="version_policy: { all: {} }")
+    moto.upload(bucket, src)
+    srv = serve_s3(
+        start_server,
+        tmp_path,
+        moto.url(bucket),
+        "--model-control-mode=poll",
+        "--repository-poll-secs=0.3",
+    )
+
+    def states() -> dict[str, str]:
+        return {e.get("version", ""): e.get("state", "") for e in index_entries(srv, "adder")}
+
+    assert states() == {"1": "READY"}
+    moto.put(bucket, "models/adder/2/model.py", version_model_py(2))
+    wait_until(lambda: states().get("2") == "READY", what="version 2 READY", describe=states)
+    code, body = infer_fp32(srv, "adder", 1.0, version="2")
+    assert code == 200 and body["outputs"][0]["data"] == [3.0]
+
+    moto.delete_prefix(bucket, "models/adder/1/")
+    wait_until(
+        lambda: states().get("1") == "UNAVAILABLE", what="version 1 unloaded", describe=states
+    )
+    assert states() == {"1": "UNAVAILABLE", "2": "READY"}
+    code, _ = infer_fp32(srv, "adder", 1.0, version="1")
+    assert code in (400, 404)
+    assert infer_fp32(srv, "adder", 1.0, version="2")[0] == 200
+
+
+def test_missing_bucket_stops_the_start_naming_the_url(moto: Moto, tmp_path: Path) -> None:
+    url = moto.url("no-such-bucket-here")
+    (tmp_path / "local").mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            f"--model-repository={tmp_path / 'local'}",
+            f"--model-repository={url}",
+            f"--repository-cache-dir={tmp_path / 'cache'}",
+            "--http-port=0",
+            "--grpc-port=0",
+            "--metrics-port=0",
+        ],
+        env={**os.environ, **creds_env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f"model repository {url}: cannot list objects: NoSuchBucket" in out
+    assert SECRET not in out
+
+
+def test_wrong_credentials_fail_the_load_with_400_naming_the_url(
+    start_server, tmp_path: Path
+) -> None:
+    # a second S3 server that checks credentials: no key is known to it
+    strict = Moto(env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
+    try:
+        url = strict.url("any-bucket")
+        local = tmp_path / "local"
+        versioned_model(local, "here", [1])
+        srv = start_server(
+            local,
+            f"--model-repository={url}",
+            f"--repository-cache-dir={tmp_path / 'cache'}",
+            "--model-control-mode=explicit",
+            "--load-model=here",
+            "--exit-on-error=false",
+            env=creds_env(),
+        )
+        code, body = post(srv, "/v2/repository/models/anything/load")
+        text = body.decode()
+        assert code == 400, text
+        assert f"model repository {url}: cannot list objects: InvalidAccessKeyId" in text
+        # the local repository's model keeps serving
+        assert infer_fp32(srv, "here", 1.0)[0] == 200
+        log = srv.log()
+        assert f"model repository {url}" in log
+        assert SECRET not in log and SECRET not in text
+    finally:
+        strict.stop()
+
+
+def test_lint_reads_a_repository_in_s3(moto: Moto, tmp_path: Path) -> None:
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1])
+    (src / "adder" / "model.onnx").write_bytes(b"at the model root")
+    moto.upload(bucket, src)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sluice", "repo", "lint", moto.url(bucket)],
+        env={**os.environ, **creds_env(), "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert "model.onnx" in out, out
+    assert "adder" in out
+    shutil.rmtree(tmp_path / "src")
