@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import free_port
 from tests.e2e.helpers import index_entries, infer_fp32, post, wait_until
@@ -321,3 +322,85 @@ def test_lint_reads_a_repository_in_s3(moto: Moto, tmp_path: Path) -> None:
     assert "model.onnx" in out, out
     assert "adder" in out
     shutil.rmtree(tmp_path / "src")
+
+
+class _DeletesAfterListing:
+    """The real store client, except that right after each listing one object is deleted
+    from the S3 server: the download of that object then finds it gone."""
+
+    def __init__(self, store, moto: Moto, bucket: str, key: str) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.moto, self.bucket, self.key = store, moto, bucket, key
+        self.url = store.url
+
+    async def list(self):  # type: ignore[no-untyped-def]
+        listing = await self.store.list()
+        self.moto.client.delete_object(Bucket=self.bucket, Key=self.key)
+        return listing
+
+    async def fetch(self, obj):  # type: ignore[no-untyped-def]
+        return await self.store.fetch(obj)
+
+
+def test_object_deleted_mid_refresh_leaves_the_mirror_as_it_was(moto: Moto, tmp_path: Path) -> None:
+    import asyncio
+
+    from sluice.repository.remote import RemoteRepositories, RepositoryError, plan_repositories
+
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1])
+    moto.upload(bucket, src)
+    url = moto.url(bucket)
+    cache = tmp_path / "cache"
+    _paths, remotes = plan_repositories([url], str(cache), creds_env())
+    repos = RemoteRepositories(remotes, str(cache), 0, 10.0, 4, creds_env())
+    asyncio.run(repos.refresh())
+    mirror = remotes[0][1]
+    before = sorted(p.relative_to(mirror).as_posix() for p in mirror.rglob("*") if p.is_file())
+    assert before == ["adder/1/model.py", "adder/config.pbtxt"]
+
+    moto.put(bucket, "models/adder/config.pbtxt", "edited\n")
+    moto.put(bucket, "models/adder/2/model.py", version_model_py(2))
+    repo = repos.repos[0]
+    repo.store = _DeletesAfterListing(repo.store, moto, bucket, "models/adder/2/model.py")  # type: ignore[assignment]
+    with pytest.raises(RepositoryError) as info:
+        asyncio.run(repos.refresh())
+    assert str(info.value).startswith(
+        f"model repository {url}/adder/2/model.py: object disappeared while downloading"
+    )
+    after = sorted(p.relative_to(mirror).as_posix() for p in mirror.rglob("*") if p.is_file())
+    assert after == before
+    assert (mirror / "adder" / "config.pbtxt").read_text() == (
+        src / "adder" / "config.pbtxt"
+    ).read_text()
+    assert list((cache / "tmp").iterdir()) == []  # nothing half-written
+    assert repos.counters.scheme("s3").refresh_failures == 1
+
+
+@pytest.mark.grpc
+def test_grpc_load_from_an_unreadable_bucket_is_invalid_argument(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    import tritonclient.grpc as grpcclient
+
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1])
+    moto.upload(bucket, src)
+    srv = serve_s3(start_server, tmp_path, moto.url(bucket), "--model-control-mode=explicit")
+    moto.delete_prefix(bucket, "models/")
+    moto.client.delete_bucket(Bucket=bucket)
+    with grpcclient.InferenceServerClient(srv.grpc) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("adder")
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        message = info.value.message()
+        assert f"model repository {moto.url(bucket)}: cannot list objects: NoSuchBucket" in message
+        # the index names the reason too
+        entries = [
+            m
+            for m in client.get_model_repository_index(as_json=True)["models"]
+            if m["name"] == "adder"
+        ]
+        assert entries and "NoSuchBucket" in entries[0].get("reason", ""), entries
+    assert SECRET not in srv.log()
