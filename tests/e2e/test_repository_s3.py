@@ -157,13 +157,36 @@ def serve_s3(start_server, tmp_path: Path, url: str, *flags: str, **kw):  # type
     )
 
 
+READS_A_FILE_PY = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        here = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(here, "offset.txt")) as f:
+            self.offset = float(f.read())
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t + self.offset)]))
+        return out
+"""
+
+
 def test_python_model_served_from_s3_and_warm_restart_downloads_nothing(
     moto: Moto, start_server, tmp_path: Path
 ) -> None:
     bucket = new_bucket(moto)
     src = tmp_path / "src"
     versioned_model(src, "adder", [1])
-    (src / "adder" / "1" / "helper.txt").write_text("beside model.py\n")
+    # the model reads a file beside its model.py (as Triton's python models do)
+    (src / "adder" / "1" / "offset.txt").write_text("10\n")
+    (src / "adder" / "1" / "model.py").write_text(READS_A_FILE_PY)
     moto.upload(bucket, src)
     n_objects, n_bytes = sizes(src)
 
@@ -172,14 +195,14 @@ def test_python_model_served_from_s3_and_warm_restart_downloads_nothing(
         inp = httpclient.InferInput("INPUT0", [1, 1], "FP32")
         inp.set_data_from_numpy(np.array([[2.5]], dtype=np.float32))
         out = client.infer("adder", [inp]).as_numpy("OUTPUT0")
-        assert out.tolist() == [[3.5]]  # version 1 adds 1
+        assert out.tolist() == [[12.5]]  # adds the 10 of offset.txt
     assert counter(srv, "sluice_repository_download_objects_total") == n_objects
     assert counter(srv, "sluice_repository_download_bytes_total") == n_bytes
     assert counter(srv, "sluice_repository_cache_hits_total") == 0
     assert srv.stop() == 0
 
     again = serve_s3(start_server, tmp_path, moto.url(bucket))
-    assert infer_fp32(again, "adder", 1.0)[1]["outputs"][0]["data"] == [2.0]
+    assert infer_fp32(again, "adder", 1.0)[1]["outputs"][0]["data"] == [11.0]
     assert counter(again, "sluice_repository_download_bytes_total") == 0
     assert counter(again, "sluice_repository_download_objects_total") == 0
     assert counter(again, "sluice_repository_cache_hits_total") == n_objects
@@ -404,3 +427,118 @@ def test_grpc_load_from_an_unreadable_bucket_is_invalid_argument(
         ]
         assert entries and "NoSuchBucket" in entries[0].get("reason", ""), entries
     assert SECRET not in srv.log()
+
+
+def test_ensemble_in_s3_over_an_onnx_model_in_s3_and_a_python_model_on_disk(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from tests.e2e.test_backends_ensemble import DOUBLE_PY, ENSEMBLE
+    from tests.e2e.test_backends_onnxruntime import tiny_model
+    from tests.zoo import write_model
+
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    tiny_model(
+        src,
+        "linear",
+        'name: "linear"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "x", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+        'output [ { name: "y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n',
+    )
+    (src / "pipe" / "1").mkdir(parents=True)
+    (src / "pipe" / "1" / ".keep").write_text("")  # a bucket has no empty directories
+    (src / "pipe" / "config.pbtxt").write_text(ENSEMBLE.format(name="pipe", mid="doubled"))
+    moto.upload(bucket, src)
+    local = tmp_path / "local"
+    write_model(
+        local,
+        "double",
+        """
+        name: "double"
+        backend: "python"
+        max_batch_size: 8
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+        """,
+        DOUBLE_PY,
+    )
+    srv = serve_s3(start_server, tmp_path, moto.url(bucket))
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
+    want = ort.InferenceSession(str(src / "linear" / "1" / "model.onnx")).run(None, {"x": x * 2})[0]
+    with httpclient.InferenceServerClient(srv.http) as client:
+        inp = httpclient.InferInput("IN", [1, 4], "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer("pipe", [inp]).as_numpy("OUT")
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_store_that_never_answers_fails_the_load_within_the_timeout(
+    start_server, tmp_path: Path
+) -> None:
+    import socket
+
+    # accepts connections (the kernel's backlog) and never answers a request
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        url = f"s3://127.0.0.1:{silent.getsockname()[1]}/bucket/models"
+        local = tmp_path / "local"
+        versioned_model(local, "here", [1])
+        srv = start_server(
+            local,
+            f"--model-repository={url}",
+            f"--repository-cache-dir={tmp_path / 'cache'}",
+            "--repository-timeout-secs=1",
+            "--model-control-mode=explicit",
+            "--load-model=here",
+            "--exit-on-error=false",
+            env=creds_env(),
+        )
+        t0 = time.monotonic()
+        code, body = post(srv, "/v2/repository/models/adder/load", timeout=30)
+        took = time.monotonic() - t0
+        assert code == 400, body
+        assert (
+            f"model repository {url}: the store did not answer within --repository-timeout-secs=1"
+            in body.decode()
+        )
+        assert took < 10, took
+        assert infer_fp32(srv, "here", 1.0)[0] == 200
+
+
+def test_control_state_restores_a_model_of_s3_with_its_config_override(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    import json
+
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1, 2], policy="version_policy: { all: {} }")
+    moto.upload(bucket, src)
+    state = tmp_path / "state.json"
+    flags = ("--model-control-mode=explicit", f"--model-control-state={state}")
+    srv = serve_s3(start_server, tmp_path, moto.url(bucket), *flags)
+    override = {
+        "name": "adder",
+        "backend": "python",
+        "max_batch_size": 2,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+        "version_policy": {"specific": {"versions": [2]}},
+    }
+    code, body = post(
+        srv,
+        "/v2/repository/models/adder/load",
+        {"parameters": {"config": json.dumps(override)}},
+    )
+    assert code == 200, body
+    assert srv.stop() == 0
+
+    again = serve_s3(start_server, tmp_path, moto.url(bucket), *flags)
+    states = {e.get("version"): e.get("state") for e in index_entries(again, "adder")}
+    assert states == {"2": "READY"}
+    assert infer_fp32(again, "adder", 1.0, version="2")[1]["outputs"][0]["data"] == [3.0]
+    with httpclient.InferenceServerClient(again.http) as client:
+        assert client.get_model_config("adder")["max_batch_size"] == 2
