@@ -23,11 +23,12 @@ async def measure(rounds: int) -> None:
     from tritonclient.grpc import model_config_pb2 as mc
 
     from sluice.backends.base import ExecuteResult, ModelSpec
-    from sluice.core.registry import Registry, ServingVersion
+    from sluice.core.registry import Registry
     from sluice.core.serving import Serving
     from sluice.core.stats import ModelStats
     from sluice.protocol import grpc_codec as codec
     from sluice.protocol import infer_layout
+    from sluice.scheduling.serving_version import build as build_version
     from sluice.types import InferRequest, InferResponse, OutputSpec
 
     config = text_format.Parse(
@@ -68,7 +69,7 @@ async def measure(rounds: int) -> None:
     spec = ModelSpec("add_sub", 1, here, here / "1", config, here.parent)
     registry = Registry()
     serving = Serving(registry)
-    sv = ServingVersion.build(spec, [Fake()], ModelStats("add_sub", "1"))
+    sv = build_version(spec, [Fake()], ModelStats("add_sub", "1"))
     registry.publish("add_sub", {1: sv})
 
     a = np.ones((1, 4), np.float32)
@@ -77,8 +78,9 @@ async def measure(rounds: int) -> None:
         {"INPUT0": a, "INPUT1": a},
         outputs=[OutputSpec("OUTPUT0"), OutputSpec("OUTPUT1")],
     ).SerializeToString()
-    codec.read_model_infer(payload)  # learns the layout
-    req = infer_layout.match(payload)
+    LAYOUTS = infer_layout.GrpcLayouts()
+    codec.read_model_infer(payload, LAYOUTS)  # learns the layout
+    req = LAYOUTS.match(payload)
     assert req is not None and req.signature is not None
 
     admit: Any = serving._admit
@@ -89,7 +91,7 @@ async def measure(rounds: int) -> None:
     async def infers(count: int) -> float:
         t0 = timeit.default_timer()
         for _ in range(count):
-            r = infer_layout.match(payload)
+            r = LAYOUTS.match(payload)
             assert r is not None
             await serving.infer(r)
         return (timeit.default_timer() - t0) / count * 1e9

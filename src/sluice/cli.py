@@ -360,8 +360,8 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _security(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, object]:
+    from .config import TlsFiles
     from .security.access import parse_restrictions
-    from .security.tls import TlsFiles
 
     out: dict[str, object] = {}
     try:

@@ -7,12 +7,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .security.tls import TlsFiles
+__all__ = ["ServerConfig", "ControlMode", "GrpcEdge", "Restriction", "TlsFiles"]
 
-__all__ = ["ServerConfig", "ControlMode", "GrpcEdge", "Restriction"]
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The TLS files of one front-end, as its flags name them (checked and read by
+    ``security/tls.py``)."""
+
+    flag: str  # "--grpc" or "--http": names the flags in errors
+    cert: str
+    key: str
+    root: str = ""
+    mutual: bool = False
+
+    @classmethod
+    def from_flags(
+        cls, flag: str, *, use_ssl: bool, mutual: bool, cert: str, key: str, root: str
+    ) -> TlsFiles | None:
+        """None when TLS is off; ValueError naming the missing flag. As in tritonserver,
+        ``-use-ssl-mutual`` turns TLS on by itself."""
+        if not use_ssl and not mutual:
+            return None
+        on = f"{flag}-use-ssl-mutual" if mutual else f"{flag}-use-ssl"
+        if not cert:
+            raise ValueError(f"{on} needs {flag}-server-cert=PATH (PEM)")
+        if not key:
+            raise ValueError(f"{on} needs {flag}-server-key=PATH (PEM)")
+        if mutual and not root:
+            raise ValueError(
+                f"{on} needs {flag}-root-cert=PATH: the CA that client certificates must chain to"
+            )
+        return cls(flag, cert, key, root, mutual)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from .observability.logsettings import LogSettings, setup_logging
 from .repository.manager import ModelManager
 from .security.access import build_policy
 from .security.keys import KeyFileError, KeyRing
+from .security.tls import uvicorn_options
 from .service import InferenceService
 
 __all__ = ["Server", "build", "run"]
@@ -140,7 +141,7 @@ class Server:
                 cfg.http_port,
                 timeout_graceful_shutdown=2,
                 http=limited_httptools(cfg.http_max_header_size or 2**62),
-                **(cfg.http_tls.uvicorn_options() if cfg.http_tls is not None else {}),
+                **(uvicorn_options(cfg.http_tls) if cfg.http_tls is not None else {}),
             )
             self._tasks.append(task)
         if cfg.allow_grpc and not cfg.traffic_follows_readiness:
@@ -166,7 +167,7 @@ class Server:
         remotes = self.manager.remotes
         if not remotes:
             return None
-        from .observability.repository_metrics import RepositoryCollector
+        from .repository.remote.metrics import RepositoryCollector
 
         return RepositoryCollector(remotes.counters)
 

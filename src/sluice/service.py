@@ -19,13 +19,13 @@ from .config import ControlMode, ServerConfig
 from .core.registry import Registry, ServingVersion, TensorInfo
 from .core.serving import Serving
 from .core.shared_memory import SharedMemoryRegistry
+from .core.validation import check_model_name
 from .errors import InvalidArgument, ServerError, Unavailable, bad_version
 from .observability.events import ControlEvents
 from .observability.logsettings import LogSettings
 from .protocol.datatypes import kserve_to_numpy
 from .repository import versions
 from .repository.control_file import ControlState
-from .repository.layout import check_model_name
 from .repository.manager import ModelManager
 from .tracing import Tracer, parse_trace_flags
 from .types import InferRequest, InferResponse

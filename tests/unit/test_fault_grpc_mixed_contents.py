@@ -13,6 +13,8 @@ from sluice.errors import InvalidArgument
 from sluice.protocol import grpc_codec as codec
 from sluice.protocol import infer_layout
 
+LAYOUTS = infer_layout.GrpcLayouts()  # what a gRPC front-end keeps
+
 MIXED = (
     "contents field must not be specified when using raw_input_contents for '{}' for model 'simple'"
 )
@@ -20,7 +22,7 @@ MIXED = (
 
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
-    infer_layout._GRPC.clear()
+    LAYOUTS.clear()
 
 
 def _request(n: int = 16) -> pb.ModelInferRequest:
@@ -39,7 +41,7 @@ def _raw(n: int = 16) -> bytes:
 
 def _error(payload: bytes | memoryview) -> str:
     with pytest.raises(InvalidArgument) as exc:
-        codec.read_model_infer(payload)
+        codec.read_model_infer(payload, LAYOUTS)
     return exc.value.message
 
 
@@ -93,14 +95,14 @@ def test_a_mixed_request_after_its_layout_was_learned_is_refused(n: int, as_view
     payload = plain.SerializeToString()
     assert n * 8 < codec.SPLIT_MIN_BYTES or len(payload) >= codec.SPLIT_MIN_BYTES
     for _ in range(3):  # the first is learned, the next ones are decoded from the layout
-        codec.read_model_infer(memoryview(payload) if as_view else payload)
-    assert infer_layout.match(payload) is not None
+        codec.read_model_infer(memoryview(payload) if as_view else payload, LAYOUTS)
+    assert LAYOUTS.match(payload) is not None
     for which in (0, 1):
         mixed = _request(n)
         mixed.raw_input_contents.extend([_raw(n), _raw(n)])
         mixed.inputs[which].contents.int_contents.extend(range(n))
         data = mixed.SerializeToString()
-        assert infer_layout.match(data) is None
+        assert LAYOUTS.match(data) is None
         name = f"INPUT{which}"
         assert _error(memoryview(data) if as_view else data) == MIXED.format(name)
         # the same fields in another order: the raw entries first, then the inputs
@@ -111,4 +113,4 @@ def test_a_mixed_request_after_its_layout_was_learned_is_refused(n: int, as_view
         )
         assert _error(memoryview(data) if as_view else data) == MIXED.format(name)
     # and the plain layout still decodes
-    assert codec.read_model_infer(payload).inputs["INPUT1"].tolist() == [list(range(n))]
+    assert codec.read_model_infer(payload, LAYOUTS).inputs["INPUT1"].tolist() == [list(range(n))]

@@ -14,11 +14,14 @@ from sluice.protocol import http_codec as hc
 from sluice.protocol import infer_layout
 from sluice.types import InferRequest, OutputSpec
 
+LAYOUTS = infer_layout.GrpcLayouts()  # what a gRPC front-end keeps
+HTTP_LAYOUTS = infer_layout.HttpLayouts()  # what an HTTP front-end keeps
+
 
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
-    infer_layout._GRPC.clear()
-    infer_layout._HTTP.clear()
+    LAYOUTS.clear()
+    HTTP_LAYOUTS.clear()
 
 
 def _payload(a: np.ndarray, b: np.ndarray, *, model: str = "add_sub", **kw: object) -> bytes:
@@ -54,39 +57,39 @@ def _protobuf(payload: bytes | memoryview) -> InferRequest:
 def test_a_repeated_request_is_decoded_from_its_layout_with_new_tensors() -> None:
     rng = np.random.default_rng(1)
     first = _payload(rng.random((1, 4), np.float32), rng.random((1, 4), np.float32))
-    assert infer_layout.match(first) is None
-    learned = codec.read_model_infer(first)
+    assert LAYOUTS.match(first) is None
+    learned = codec.read_model_infer(first, LAYOUTS)
     _same(learned, _protobuf(first))
     assert learned.signature is None  # decoded by protobuf; the layout is learned now
     for _ in range(3):
         payload = _payload(rng.random((1, 4), np.float32), rng.random((1, 4), np.float32))
-        req = infer_layout.match(payload)
+        req = LAYOUTS.match(payload)
         assert req is not None and req.signature is not None
         _same(req, _protobuf(payload))
-        assert codec.read_model_infer(payload).signature is req.signature
+        assert codec.read_model_infer(payload, LAYOUTS).signature is req.signature
 
 
 def test_requests_that_differ_outside_the_tensors_are_not_matched() -> None:
     a = np.ones((1, 4), np.float32)
-    codec.read_model_infer(_payload(a, a))
+    codec.read_model_infer(_payload(a, a), LAYOUTS)
     # same size, other model name of the same length: the head differs
     other = _payload(a, a, model="add_sup")
-    assert infer_layout.match(other) is None
-    _same(codec.read_model_infer(other), _protobuf(other))
+    assert LAYOUTS.match(other) is None
+    _same(codec.read_model_infer(other, LAYOUTS), _protobuf(other))
     # other shapes, other dtype: other sizes or other field headers
     for payload in (
         _payload(np.ones((2, 4), np.float32), np.ones((2, 4), np.float32)),
         _payload(np.ones((1, 4), np.int32), np.ones((1, 4), np.int32)),
         _payload(np.ones((1, 2), np.float64), np.ones((1, 6), np.float32)),
     ):
-        req = codec.read_model_infer(payload)
+        req = codec.read_model_infer(payload, LAYOUTS)
         _same(req, _protobuf(payload))
 
 
 def test_same_head_and_size_with_tensor_boundaries_moved_is_not_matched() -> None:
     a = np.ones((1, 4), np.float32)
     payload = _payload(a, a)
-    codec.read_model_infer(payload)
+    codec.read_model_infer(payload, LAYOUTS)
     # the same head (shapes [1,4]) with 12 + 20 bytes of raw contents instead of 16 + 16:
     # same total size, the second field header sits elsewhere; protobuf's path refuses it
     msg = pb.ModelInferRequest.FromString(payload)
@@ -94,25 +97,25 @@ def test_same_head_and_size_with_tensor_boundaries_moved_is_not_matched() -> Non
     msg.raw_input_contents.extend([b"\0" * 12, b"\0" * 20])
     moved = msg.SerializeToString()
     assert len(moved) == len(payload)
-    assert infer_layout.match(moved) is None
+    assert LAYOUTS.match(moved) is None
     with pytest.raises(InvalidArgument, match="INPUT0"):
-        codec.read_model_infer(moved)
+        codec.read_model_infer(moved, LAYOUTS)
 
 
 def test_requests_with_an_id_or_shared_memory_are_not_learned() -> None:
     a = np.ones((1, 4), np.float32)
     payload = _payload(a, a, request_id="r-1")
-    codec.read_model_infer(payload)
-    assert infer_layout.match(payload) is None
+    codec.read_model_infer(payload, LAYOUTS)
+    assert LAYOUTS.match(payload) is None
     msg = pb.ModelInferRequest.FromString(_payload(a, a))
     del msg.raw_input_contents[1]
     shm = msg.inputs[1].parameters
     shm["shared_memory_region"].string_param = "region"
     shm["shared_memory_byte_size"].int64_param = 16
     payload = msg.SerializeToString()
-    req = codec.read_model_infer(payload)
+    req = codec.read_model_infer(payload, LAYOUTS)
     assert req.shm_inputs is not None
-    assert infer_layout.match(payload) is None
+    assert LAYOUTS.match(payload) is None
 
 
 def test_raw_contents_before_other_fields_are_decoded_but_not_learned() -> None:
@@ -121,8 +124,8 @@ def test_raw_contents_before_other_fields_are_decoded_but_not_learned() -> None:
     raw_only = pb.ModelInferRequest(raw_input_contents=msg.raw_input_contents)
     del msg.raw_input_contents[:]
     payload = raw_only.SerializeToString() + msg.SerializeToString()
-    _same(codec.read_model_infer(payload), _protobuf(payload))
-    assert infer_layout.match(payload) is None
+    _same(codec.read_model_infer(payload, LAYOUTS), _protobuf(payload))
+    assert LAYOUTS.match(payload) is None
 
 
 def test_large_payloads_match_as_views_from_bytes_and_memoryviews() -> None:
@@ -130,10 +133,10 @@ def test_large_payloads_match_as_views_from_bytes_and_memoryviews() -> None:
     small = np.arange(4, dtype=np.float32).reshape(1, 4)
     first = _payload(big, small)
     assert len(first) >= codec.SPLIT_MIN_BYTES
-    codec.read_model_infer(memoryview(first))
+    codec.read_model_infer(memoryview(first), LAYOUTS)
     again = _payload(big + 1, small - 1)
     for payload in (again, memoryview(again)):
-        req = infer_layout.match(payload)
+        req = LAYOUTS.match(payload)
         assert req is not None
         _same(req, _protobuf(payload))
         base = req.inputs["INPUT0"].base
@@ -145,19 +148,19 @@ def test_large_payloads_match_as_views_from_bytes_and_memoryviews() -> None:
 def test_malformed_payloads_still_raise_decode_error() -> None:
     a = np.ones((1, 4), np.float32)
     payload = _payload(a, a)
-    codec.read_model_infer(payload)
+    codec.read_model_infer(payload, LAYOUTS)
     with pytest.raises(
         DecodeError, match="parsing message with type .inference.ModelInferRequest."
     ):
-        codec.read_model_infer(payload[:-20])
+        codec.read_model_infer(payload[:-20], LAYOUTS)
 
 
 def test_the_number_of_layouts_is_bounded() -> None:
     a = np.ones((1, 4), np.float32)
     for i in range(infer_layout.MAX_LAYOUTS + 10):
-        codec.read_model_infer(_payload(a, a, model=f"m{i}"))
-    assert infer_layout._GRPC.count <= infer_layout.MAX_LAYOUTS
-    assert sum(len(v) for v in infer_layout._GRPC.by_key.values()) <= infer_layout.MAX_LAYOUTS
+        codec.read_model_infer(_payload(a, a, model=f"m{i}"), LAYOUTS)
+    assert LAYOUTS.count <= infer_layout.MAX_LAYOUTS
+    assert sum(len(v) for v in LAYOUTS.by_key.values()) <= infer_layout.MAX_LAYOUTS
 
 
 # --------------------------------------------------------------------------- HTTP bodies
@@ -174,12 +177,12 @@ def _body(a: np.ndarray, b: np.ndarray, *, request_id: str = "") -> tuple[bytes,
 def test_a_repeated_http_body_is_decoded_from_its_layout() -> None:
     rng = np.random.default_rng(2)
     body, hl = _body(rng.random((1, 4), np.float32), rng.random((1, 4), np.float32))
-    assert infer_layout.match_http(body, "add_sub", "", hl) is None
-    first = hc.read_infer_request(body, "add_sub", "", hl)
+    assert HTTP_LAYOUTS.match(body, "add_sub", "", hl) is None
+    first = hc.read_infer_request(body, "add_sub", "", hl, layouts=HTTP_LAYOUTS)
     _same(first, hc.decode_infer_request(body, "add_sub", "", hl))
     for _ in range(3):
         body, hl = _body(rng.random((1, 4), np.float32), rng.random((1, 4), np.float32))
-        req = infer_layout.match_http(body, "add_sub", "", hl)
+        req = HTTP_LAYOUTS.match(body, "add_sub", "", hl)
         assert req is not None and req.signature is not None
         want = hc.decode_infer_request(body, "add_sub", "", hl)
         _same(req, want)
@@ -187,19 +190,19 @@ def test_a_repeated_http_body_is_decoded_from_its_layout() -> None:
             o.parameters for o in want.outputs or ()
         ]
     # another model or version of the URL, or a body of another size: not this layout
-    assert infer_layout.match_http(body, "other", "", hl) is None
-    assert infer_layout.match_http(body, "add_sub", "2", hl) is None
-    assert infer_layout.match_http(body + b"\0\0\0\0", "add_sub", "", hl) is None
-    assert infer_layout.match_http(body, "add_sub", "", -1) is None
+    assert HTTP_LAYOUTS.match(body, "other", "", hl) is None
+    assert HTTP_LAYOUTS.match(body, "add_sub", "2", hl) is None
+    assert HTTP_LAYOUTS.match(body + b"\0\0\0\0", "add_sub", "", hl) is None
+    assert HTTP_LAYOUTS.match(body, "add_sub", "", -1) is None
     with pytest.raises(InvalidArgument, match="additional input data"):
-        hc.read_infer_request(body + b"\0\0\0\0", "add_sub", "", hl)
+        hc.read_infer_request(body + b"\0\0\0\0", "add_sub", "", hl, layouts=HTTP_LAYOUTS)
 
 
 def test_http_bodies_with_an_id_or_json_data_are_not_learned() -> None:
     a = np.ones((1, 4), np.float32)
     body, hl = _body(a, a, request_id="r1")
-    hc.read_infer_request(body, "add_sub", "", hl)
-    assert infer_layout.match_http(body, "add_sub", "", hl) is None
+    hc.read_infer_request(body, "add_sub", "", hl, layouts=HTTP_LAYOUTS)
+    assert HTTP_LAYOUTS.match(body, "add_sub", "", hl) is None
     body, hl = hc.encode_infer_request({"INPUT0": a, "INPUT1": a}, binary=False)
-    hc.read_infer_request(body, "add_sub", "", hl)
-    assert infer_layout.match_http(body, "add_sub", "", hl) is None
+    hc.read_infer_request(body, "add_sub", "", hl, layouts=HTTP_LAYOUTS)
+    assert HTTP_LAYOUTS.match(body, "add_sub", "", hl) is None

@@ -221,3 +221,43 @@ def test_what_serves_is_read_through_the_registry():
     # and ``repository/versions.py`` drives the manager through its public methods only
     versions = (SRC / "repository" / "versions.py").read_text()
     assert "manager._" not in versions
+
+
+# The floors of the house, ground first: a module imports only from its own package or from a
+# lower floor (a package on the same floor is a neighbour, not a dependency: never imported).
+FLOORS = [
+    ["types", "errors", "config", "host"],
+    ["protocol"],
+    ["backends", "tracing", "security", "perf"],
+    ["core"],
+    ["scheduling", "observability"],
+    ["repository"],
+    ["service", "lint", "ops"],
+    ["frontends"],
+    ["server"],
+    ["cli"],
+    ["__main__"],
+]
+
+
+def _floor(module: str) -> tuple[int, str]:
+    top = module.split(".")[1] if module.count(".") else ""
+    for i, names in enumerate(FLOORS):
+        if top in names:
+            return i, top
+    raise AssertionError(f"{module}: on no floor; add its package to FLOORS")
+
+
+def test_every_import_runs_down_a_floor_or_stays_in_its_package():
+    up = []
+    for mod, deps in _graph().items():
+        if mod == "sluice":
+            continue
+        floor, pkg = _floor(mod)
+        for dep in deps:
+            if dep == "sluice":
+                continue
+            dep_floor, dep_pkg = _floor(dep)
+            if dep_pkg != pkg and dep_floor >= floor:
+                up.append((mod, dep))
+    assert sorted(up) == []

@@ -4,6 +4,7 @@ from typing import Any
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from sluice.core.validation import check_model_name
 from sluice.errors import InvalidArgument, NotFound
 from sluice.protocol.config_json import config_to_json_dict
 from sluice.repository import layout
@@ -50,7 +51,7 @@ def test_name_mismatch_is_refused(tmp_path: Path):
 @pytest.mark.parametrize("bad", ["", ".", "..", "../x", "a/b", ".hidden", "a\\b"])
 def test_model_names_that_are_not_plain_directories(bad):
     with pytest.raises(InvalidArgument) as info:
-        layout.check_model_name(bad)
+        check_model_name(bad)
     assert info.value.message == (
         f"invalid model name '{bad}': a model name must be a plain directory name in the "
         "model repository"

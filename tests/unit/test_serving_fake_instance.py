@@ -13,13 +13,17 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from sluice.backends.base import ExecuteResult, ModelSpec
-from sluice.core.registry import Registry, ServingVersion
+from sluice.core.registry import Registry
 from sluice.core.serving import Serving
 from sluice.core.stats import ModelStats
 from sluice.errors import InvalidArgument, NotFound
 from sluice.protocol import grpc_codec
+from sluice.protocol.infer_layout import GrpcLayouts
 from sluice.scheduling.scheduler import Scheduler
+from sluice.scheduling.serving_version import build as build_version
 from sluice.types import InferRequest, InferResponse
+
+LAYOUTS = GrpcLayouts()  # what a gRPC front-end keeps
 
 CONFIG = """
 name: "doubler" backend: "python" max_batch_size: 4
@@ -66,7 +70,7 @@ def test_serving_infers_through_a_scheduler_over_a_fake_instance() -> None:
         serving = Serving(registry)
         inst = FakeInstance()
         stats = ModelStats("doubler", "3")
-        sv = ServingVersion.build(_spec(3), [inst], stats, generation=7)
+        sv = build_version(_spec(3), [inst], stats, generation=7)
         assert type(sv.scheduler) is Scheduler
         assert (sv.version_str, sv.max_batch_size, sv.generation) == ("3", 4, 7)
         assert sv.required_inputs == frozenset({"IN"})
@@ -111,22 +115,22 @@ def test_a_layouts_validation_is_not_reused_for_another_version() -> None:
         registry = Registry()
         serving = Serving(registry)
         inst = FakeInstance()
-        v1 = ServingVersion.build(_spec(1, dims=2), [inst], ModelStats("doubler", "1"))
+        v1 = build_version(_spec(1, dims=2), [inst], ModelStats("doubler", "1"))
         registry.publish("doubler", {1: v1})
         data = np.array([[1.0, 2.0]], np.float32)
         payload = grpc_codec.encode_infer_request("doubler", {"IN": data}).SerializeToString()
-        grpc_codec.read_model_infer(payload)  # the first one teaches the layout
+        grpc_codec.read_model_infer(payload, LAYOUTS)  # the first one teaches the layout
         for _ in range(2):
-            req = grpc_codec.read_model_infer(payload)
+            req = grpc_codec.read_model_infer(payload, LAYOUTS)
             assert req.signature is not None  # decoded from the learned layout
             response = await serving.infer(req)
             np.testing.assert_array_equal(response.outputs["OUT"], data * 2)
         assert len(inst.batches) == 2
 
         other = FakeInstance()
-        v2 = ServingVersion.build(_spec(2, dims=3), [other], ModelStats("doubler", "2"))
+        v2 = build_version(_spec(2, dims=3), [other], ModelStats("doubler", "2"))
         registry.publish("doubler", {2: v2})  # the swap: version 1 no longer serves
-        req = grpc_codec.read_model_infer(payload)
+        req = grpc_codec.read_model_infer(payload, LAYOUTS)
         assert req.signature is not None
         with pytest.raises(InvalidArgument, match=r"unexpected shape for input 'IN'.*\[-1,3\]"):
             await serving.infer(req)

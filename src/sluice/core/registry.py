@@ -4,22 +4,25 @@ is built from a config and started instances.
 
 Rules of this file:
 - The registry is written only through its write methods (``publish``, ``retire``,
-  ``set_state``, ``set_states``, ``drop_state``, ``set_traffic``, ``record``, ``forget``),
-  called by the manager's load / unload / poll procedures (``repository/manager.py``,
-  ``repository/versions.py``). Everyone else (the request path, the service, metrics, the
+  ``set_state``, ``set_states``, ``drop_state``, ``set_required``, ``set_traffic``,
+  ``record``, ``forget``), called by the manager's load / unload / poll procedures
+  (``repository/manager.py``, ``repository/versions.py``). Everyone else (the request path, the service, metrics, the
   dashboard, the control file) only reads, through the read methods.
 - A serving set is replaced in one assignment (``publish``): a request finds either the old
   set or the new one, never a mix.
-- A ``ModelRecord``'s bookkeeping of loads (lock, directory signature, overrides, dependents)
-  belongs to the manager; readers look at ``serving``, ``states``, ``split`` and ``stats``.
-- ``ServingVersion.build`` needs no manager: a config, started instances and statistics make
-  a version that ``core.serving.Serving`` can serve (unit tests drive it with fake instances).
+- A record holds what serves and what the index and readiness show; the bookkeeping of
+  loads (lock, directory signature, overrides, dependents) is the manager's own
+  (``repository/load_book.py``), not here.
+- A ``ServingVersion`` needs no manager: ``scheduling.serving_version.build`` makes one from
+  a config, started instances and statistics, and ``core.serving.Serving`` serves it (unit
+  tests drive it with fake instances). The registry knows a scheduler only by what it is
+  asked (``VersionScheduler``).
 
 Usage::
 
     registry = Registry()
     serving = Serving(registry)
-    registry.publish("m", {1: ServingVersion.build(spec, instances, ModelStats("m", "1"))})
+    registry.publish("m", {1: build(spec, instances, ModelStats("m", "1"))})
     response = await serving.infer(request)
 """
 
@@ -28,14 +31,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ModelInstance, ModelSpec
+from ..backends.base import ModelSpec
+from ..errors import ServerError
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
-from ..scheduling.scheduler import Scheduler
-from ..scheduling.sequence import SequenceScheduler
+from ..types import InferRequest, InferResponse
 from .stats import ModelStats
 from .traffic import TrafficSplit
 
@@ -46,13 +50,10 @@ __all__ = [
     "UNLOADING",
     "TensorInfo",
     "ServingVersion",
+    "VersionScheduler",
     "ModelRecord",
-    "Override",
     "Registry",
 ]
-
-# (path, mtime_ns, size) of every entry under a model's directory
-Signature = tuple[tuple[str, int, int], ...]
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -85,12 +86,32 @@ def tensor_infos(tensors: list[mc.ModelInput] | list[mc.ModelOutput]) -> dict[st
     return out
 
 
+class VersionScheduler(Protocol):
+    """What the request path and the manager ask of a version's scheduler (the dynamic or
+    sequence batcher, ``scheduling/``): queue a validated request, drain, stop."""
+
+    def submit(
+        self,
+        request: InferRequest,
+        batch_size: int,
+        shape_key: tuple[Any, ...],
+        priority: int = 0,
+        timeout_us: int = 0,
+    ) -> asyncio.Future[InferResponse]: ...
+
+    async def drain(self) -> None: ...
+
+    def fail_queued(self, error: ServerError) -> None: ...
+
+    async def stop(self, grace: float | None = None) -> None: ...
+
+
 @dataclass(slots=True)
 class ServingVersion:
     """A loaded version: its config, scheduler and statistics. Immutable once serving."""
 
     spec: ModelSpec
-    scheduler: Scheduler
+    scheduler: VersionScheduler
     stats: ModelStats
     inputs: dict[str, TensorInfo]
     outputs: dict[str, TensorInfo]
@@ -107,53 +128,6 @@ class ServingVersion:
     def config(self) -> mc.ModelConfig:
         return self.spec.config
 
-    @classmethod
-    def build(
-        cls,
-        spec: ModelSpec,
-        instances: list[ModelInstance],
-        stats: ModelStats,
-        *,
-        generation: int = 0,
-        cache: bool = False,
-    ) -> ServingVersion:
-        """The serving version of ``spec`` over started ``instances``: its scheduler (the
-        sequence batcher when the config has one), tensor tables and flags. ``cache``: the
-        server has a response cache (the version uses it if its config enables it)."""
-        config = spec.config
-        name, v = spec.name, str(spec.version)
-        sequence = config.HasField("sequence_batching")
-        scheduler = (
-            SequenceScheduler(name, v, config, instances, stats, spec.model_dir)
-            if sequence
-            else Scheduler(name, v, config, instances, stats)
-        )
-        inputs = tensor_infos(list(config.input))
-        decoupled = config.model_transaction_policy.decoupled
-        return cls(
-            spec=spec,
-            scheduler=scheduler,
-            stats=stats,
-            inputs=inputs,
-            outputs=tensor_infos(list(config.output)),
-            required_inputs=frozenset(n for n, t in inputs.items() if not t.optional),
-            max_batch_size=config.max_batch_size,
-            version_str=v,
-            generation=generation,
-            decoupled=decoupled,
-            # Triton: only the default and dynamic batchers use the cache
-            cached=cache and config.response_cache.enable and not decoupled and not sequence,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """The 'config' (and 'file:<path>' contents) a load carried; kept while it is in force so
-    that the control state can record it (``repository/control_file.py``)."""
-
-    config: str
-    files: dict[str, bytes] = field(default_factory=dict)
-
 
 @dataclass(slots=True)
 class ModelRecord:
@@ -163,18 +137,8 @@ class ModelRecord:
     states: dict[int, tuple[str, str]] = field(default_factory=dict)
     latest: ServingVersion | None = None  # highest serving version
     required: bool = False  # counts for strict readiness
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # kept across reloads so statistics stay cumulative, as in Triton
     stats: dict[int, ModelStats] = field(default_factory=dict)
-    # what the model's directory looked like at the last load attempt (poll mode compares)
-    signature: Signature = ()
-    # (directory signature, override key) of what serves now: a load reloads only if changed
-    loaded: tuple[Signature, tuple[object, ...] | None] | None = None
-    dependents: set[str] = field(default_factory=set)
-    # the whole-model load's override in force (None: the repository's files), and the
-    # overrides of versions loaded one by one (``versions.py``); meaningful while serving
-    override: Override | None = None
-    version_overrides: dict[int, Override] = field(default_factory=dict)
     # weighted split of requests that name no version (``traffic.py``); None: the latest
     split: TrafficSplit[ServingVersion] | None = None
 
@@ -280,6 +244,10 @@ class Registry:
         rec = self._records.get(name)
         if rec is not None:
             rec.states.pop(version, None)
+
+    def set_required(self, name: str, required: bool) -> None:
+        """Whether ``name`` counts for the server's readiness (--strict-readiness)."""
+        self.record(name).required = required
 
     def set_traffic(self, name: str, split: TrafficSplit[ServingVersion] | None) -> None:
         """The weighted split of requests that name no version (None: the latest)."""

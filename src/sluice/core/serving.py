@@ -49,11 +49,10 @@ from ..errors import (
     bad_version,
 )
 from ..protocol.datatypes import numpy_to_kserve
-from ..repository import layout
 from ..types import InferRequest, InferResponse
 from .cache import ResponseCache
 from .registry import Registry, ServingVersion
-from .validation import check_request
+from .validation import check_model_name, check_request
 
 __all__ = ["Serving", "DECOUPLED_REFUSED", "MAX_CHECKED"]
 
@@ -126,7 +125,7 @@ class Serving:
         return self.get(name, version)
 
     def _not_serving(self, name: str) -> ServerError:
-        layout.check_model_name(name)
+        check_model_name(name)
         rec = self._records.get(name)
         if rec is not None and rec.states:
             state, reason = rec.states.get(-1) or next(iter(rec.states.values()))

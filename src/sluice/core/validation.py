@@ -13,7 +13,24 @@ from ..errors import InvalidArgument
 from ..types import InferRequest
 from .registry import ServingVersion
 
-__all__ = ["check_request"]
+__all__ = ["check_model_name", "check_request"]
+
+
+def check_model_name(name: str) -> str:
+    """Return ``name`` if it is a legal model name, else raise InvalidArgument."""
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+        or name.startswith(".")
+    ):
+        raise InvalidArgument(
+            f"invalid model name '{name}': a model name must be a plain directory name "
+            "in the model repository"
+        )
+    return name
 
 
 def _shape_str(dims: Any) -> str:

@@ -6,7 +6,7 @@ Routes (GET only; in ``protocol.http_routes``)::
     /dashboard, /dashboard/          the page
     /dashboard/dashboard.js          its script
     /dashboard/chart.umd.min.js      Chart.js (vendored, see static/chart.js-VERSION)
-    /dashboard/data                  the JSON the page polls (sluice.dashboard.snapshot)
+    /dashboard/data                  the JSON the page polls (dashboard_data.snapshot)
 
 The page's controls call the ordinary repository API (load, unload, traffic); nothing here
 changes state.
@@ -19,8 +19,8 @@ from functools import cache
 from pathlib import Path
 
 from ..errors import NotFound
-from ..observability.dashboard import snapshot
 from ..service import InferenceService
+from .dashboard_data import snapshot
 
 __all__ = ["STATIC_DIR", "dashboard_data", "dashboard_file"]
 

@@ -30,11 +30,13 @@ from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from ..config import TlsFiles
 from ..errors import InvalidArgument, ServerError, Status, Unsupported
 from ..protocol import grpc_codec as codec
 from ..protocol import json_body
+from ..protocol.infer_layout import GrpcLayouts
 from ..security.access import CALLER, AccessDenied, Policy, client_address
-from ..security.tls import TlsFiles
+from ..security.tls import pems as tls_pems
 from ..service import InferenceService
 from ..types import InferRequest, InferResponse
 from .errors import grpc_error
@@ -107,6 +109,8 @@ class GrpcHandlers:
         # --traffic-follows-readiness: gRPC itself stops taking calls at SIGTERM (a proxy
         # then passes them on), so a call that reached a handler is in flight, not refused
         self.admitted = service.config.traffic_follows_readiness
+        # the ModelInfer layouts this front-end has learned (a repeated one skips protobuf)
+        self.layouts = GrpcLayouts()
 
     # --- health / metadata --------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -154,7 +158,7 @@ class GrpcHandlers:
         if self.tracer.on:
             msg, raws = codec.parse_model_infer(payload)
             return msg, raws, received_ns
-        req = codec.read_model_infer(payload)
+        req = codec.read_model_infer(payload, self.layouts)
         req.arrival_ns = received_ns
         return req
 
@@ -623,7 +627,7 @@ async def start_grpc_server(
         if tls is None:
             bound = server.add_insecure_port(address)
         else:
-            key, cert, root, mutual = tls.pems()
+            key, cert, root, mutual = tls_pems(tls)
             creds = grpc.ssl_server_credentials(
                 [(key.encode(), cert.encode())],
                 root_certificates=root.encode() if root else None,

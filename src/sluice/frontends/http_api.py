@@ -44,6 +44,7 @@ from ..protocol.generate_codec import (
 )
 from ..protocol.http_codec import encode_infer_response, read_infer_request
 from ..protocol.http_routes import ROUTES, MethodNotAllowed, Router
+from ..protocol.infer_layout import HttpLayouts
 from ..security.access import AccessDenied, Policy
 from ..service import InferenceService
 from ..types import InferResponse
@@ -230,7 +231,7 @@ def _params(doc: dict[str, Any], what: str) -> dict[str, Any]:
 class HttpFrontend:
     """ASGI application serving the KServe v2 / Triton HTTP API over ``service``."""
 
-    __slots__ = ("service", "tracer", "policy", "max_input_size", "routes", "_handlers")
+    __slots__ = ("service", "tracer", "policy", "max_input_size", "routes", "layouts", "_handlers")
 
     def __init__(
         self,
@@ -248,6 +249,8 @@ class HttpFrontend:
         self.policy = policy
         # the URL space (protocol.http_routes); route i is served by _handlers[i]
         self.routes = routes
+        # the binary-data request layouts this front-end has learned (a repeat skips JSON)
+        self.layouts = HttpLayouts()
         self._handlers: tuple[Callable[..., Awaitable[Result]], ...] = tuple(
             getattr(self, f"_{r.handler}") for r in routes.routes
         )
@@ -593,7 +596,7 @@ class HttpFrontend:
                 body = _decompress(body, value, self.max_input_size)
             elif key == b"accept-encoding":
                 accept = value
-        request = read_infer_request(body, model, version, header_length)
+        request = read_infer_request(body, model, version, header_length, self.layouts)
         request.arrival_ns = received_ns
         if trace is not None:
             request.trace = trace

@@ -1,2 +1,1 @@
-"""What the server tells operators: metrics, the dashboard document, control events and log
-settings."""
+"""What the server tells operators: metrics, control events and log settings."""

@@ -252,17 +252,20 @@ def parse_model_infer(
     return pb.ModelInferRequest.FromString(payload), None
 
 
-def read_model_infer(payload: bytes | memoryview) -> InferRequest:
-    """A received ModelInferRequest, decoded: from a learned layout where it repeats one
-    (``infer_layout``: no protobuf, tensors as views or copies of ``payload`` as
-    ``parse_model_infer`` makes them), else parsed and decoded, and its layout learned.
-    Raises protobuf's ``DecodeError`` on a malformed message, ``InvalidArgument`` on a
-    client mistake."""
-    req = infer_layout.match(payload)
+def read_model_infer(
+    payload: bytes | memoryview, layouts: infer_layout.GrpcLayouts | None = None
+) -> InferRequest:
+    """A received ModelInferRequest, decoded: from a layout ``layouts`` learned where it
+    repeats one (``infer_layout``: no protobuf, tensors as views or copies of ``payload`` as
+    ``parse_model_infer`` makes them), else parsed and decoded, and its layout learned
+    (without ``layouts``, always parsed). Raises protobuf's ``DecodeError`` on a malformed
+    message, ``InvalidArgument`` on a client mistake."""
+    req = None if layouts is None else layouts.match(payload)
     if req is None:
         msg, raws = parse_model_infer(payload)
         req = decode_infer_request(msg, raws)
-        infer_layout.learn(payload, msg, req)
+        if layouts is not None:
+            layouts.learn(payload, msg, req)
     return req
 
 

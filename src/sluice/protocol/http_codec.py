@@ -184,15 +184,21 @@ def _json_tensor(
 
 
 def read_infer_request(
-    body: bytes, model_name: str, model_version: str = "", header_length: int | None = None
+    body: bytes,
+    model_name: str,
+    model_version: str = "",
+    header_length: int | None = None,
+    layouts: infer_layout.HttpLayouts | None = None,
 ) -> InferRequest:
-    """``decode_infer_request``, from a learned layout where the body repeats one
-    (``infer_layout.match_http``: no JSON parsing); else decoded, and its layout learned."""
-    req = infer_layout.match_http(body, model_name, model_version, header_length)
+    """``decode_infer_request``, from a layout ``layouts`` learned where the body repeats one
+    (``HttpLayouts.match``: no JSON parsing); else decoded, and its layout learned (without
+    ``layouts``, always decoded)."""
+    req = None if layouts is None else layouts.match(body, model_name, model_version, header_length)
     if req is None:
         spans: list[tuple[int, int]] = []
         req = decode_infer_request(body, model_name, model_version, header_length, spans)
-        infer_layout.learn_http(body, header_length, req, spans)
+        if layouts is not None:
+            layouts.learn(body, header_length, req, spans)
     return req
 
 

@@ -13,7 +13,7 @@ new tensor bytes, so its request is built from the layout and views of the paylo
 The HTTP binary-data form has the same shape: a JSON header that repeats byte for byte, then
 the tensors at offsets the header fixes. An HTTP layout is keyed by that header (and the
 model and version of the URL, and the body's size); a body that matches is that request
-with new tensor bytes (``match_http`` / ``learn_http``).
+with new tensor bytes (``HttpLayouts``).
 
 Rules of this file:
 - Correct by construction, not by likelihood: a layout is learned only where the head
@@ -25,18 +25,21 @@ Rules of this file:
   no request ``id`` and no ``sequence_id`` (those change per request: a layout would never
   repeat); gRPC also no per-input or per-output parameters (HTTP outputs keep theirs, e.g.
   ``binary_data``, in the layout).
-- Bounded: at most ``MAX_LAYOUTS`` are kept; learning past that starts over.
+- Bounded: a book keeps at most ``MAX_LAYOUTS``; learning past that starts over.
+- No process-wide state: layouts are kept in a book (``GrpcLayouts``, ``HttpLayouts``) that
+  its owner (a front-end) creates and passes to the codec; without one, nothing is learned.
 - The layout travels with the request (``InferRequest.signature``): the serving path keys
   its validation result by it (``core/serving.py``), since a request with the same layout
   has the same names, datatypes and shapes. A layout carries no serving state.
 
 Usage::
 
-    req = match(payload)           # None: not a known layout
+    layouts = GrpcLayouts()                # one per front-end
+    req = layouts.match(payload)           # None: not a known layout
     if req is None:
         msg, raws = parse_model_infer(payload)
         req = decode_infer_request(msg, raws)
-        learn(payload, msg, req)
+        layouts.learn(payload, msg, req)
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import numpy as np
 from ..types import InferRequest, OutputSpec
 from .varint import encode as _varint
 
-__all__ = ["Layout", "HttpLayout", "match", "learn", "match_http", "learn_http", "MAX_LAYOUTS"]
+__all__ = ["GrpcLayouts", "HttpLayout", "HttpLayouts", "Layout", "MAX_LAYOUTS"]
 
 MAX_LAYOUTS = 256
 _RAW_KEY = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
@@ -121,14 +124,16 @@ class Layout(_Learned):
         return self._request(inputs)
 
 
-class _Store:
+class _Book:
     """Learned layouts by key, at most ``MAX_LAYOUTS``: learning past that starts over."""
+
+    __slots__ = ("by_key", "count")
 
     def __init__(self) -> None:
         self.by_key: dict[Any, list[Any]] = {}
         self.count = 0
 
-    def add(self, key: Any, layout: _Learned) -> None:
+    def _add(self, key: Any, layout: _Learned) -> None:
         if self.count >= MAX_LAYOUTS:
             self.clear()
         self.by_key.setdefault(key, []).append(layout)
@@ -137,10 +142,6 @@ class _Store:
     def clear(self) -> None:
         self.by_key.clear()
         self.count = 0
-
-
-_GRPC = _Store()  # by payload size
-_HTTP = _Store()  # by JSON header
 
 
 def _plain(req: InferRequest) -> bool:
@@ -172,58 +173,62 @@ def _same_outside_tensors(payload: bytes | memoryview, lay: Layout) -> bool:
     return True
 
 
-def match(payload: bytes | memoryview) -> InferRequest | None:
-    """The request ``payload`` decodes to, where it has a learned layout; else None."""
-    candidates = _GRPC.by_key.get(len(payload))
-    if candidates is None:
+class GrpcLayouts(_Book):
+    """The ModelInferRequest layouts one front-end has learned, by payload size."""
+
+    __slots__ = ()
+
+    def match(self, payload: bytes | memoryview) -> InferRequest | None:
+        """The request ``payload`` decodes to, where it has a learned layout; else None."""
+        candidates = self.by_key.get(len(payload))
+        if candidates is None:
+            return None
+        for lay in candidates:
+            if _same_outside_tensors(payload, lay):
+                # large payloads: views of the payload, not copies
+                src = payload if len(payload) < _VIEW_MIN else memoryview(payload)
+                return lay.request([src[start:end] for _, _, start, end in lay.fields])
         return None
-    for lay in candidates:
-        if _same_outside_tensors(payload, lay):
-            # large payloads: views of the payload, not copies
-            src = payload if len(payload) < _VIEW_MIN else memoryview(payload)
-            return lay.request([src[start:end] for _, _, start, end in lay.fields])
-    return None
 
-
-def learn(payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
-    """Remember the layout of ``payload``, which ``msg`` (its parsed head, with or without
-    the raw contents) and ``req`` (its decoded request) describe, where it qualifies."""
-    if not _plain(req) or len(req.inputs) != len(msg.inputs):
-        return
-    if req.outputs is not None and any(o.parameters for o in req.outputs):
-        return
-    specs = []
-    tail = []
-    for tin in msg.inputs:
-        if tin.parameters:
+    def learn(self, payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:
+        """Remember the layout of ``payload``, which ``msg`` (its parsed head, with or without
+        the raw contents) and ``req`` (its decoded request) describe, where it qualifies."""
+        if not _plain(req) or len(req.inputs) != len(msg.inputs):
             return
-        arr = req.inputs[tin.name]
-        if arr.dtype.kind not in "biuf" or not arr.size:
+        if req.outputs is not None and any(o.parameters for o in req.outputs):
             return
-        specs.append((tin.name, arr.dtype, tuple(arr.shape), arr.ndim != 1))
-        tail.append(arr.nbytes)
-    # the raw fields, in order, must be the whole end of the payload
-    size = len(payload)
-    pos = size - sum(1 + len(_varint(n)) + n for n in tail)
-    if pos <= 0:
-        return
-    fields = []
-    head = bytes(payload[:pos])
-    for n in tail:
-        header = bytes([_RAW_KEY]) + _varint(n)
-        if bytes(payload[pos : pos + len(header)]) != header:
+        specs = []
+        tail = []
+        for tin in msg.inputs:
+            if tin.parameters:
+                return
+            arr = req.inputs[tin.name]
+            if arr.dtype.kind not in "biuf" or not arr.size:
+                return
+            specs.append((tin.name, arr.dtype, tuple(arr.shape), arr.ndim != 1))
+            tail.append(arr.nbytes)
+        # the raw fields, in order, must be the whole end of the payload
+        size = len(payload)
+        pos = size - sum(1 + len(_varint(n)) + n for n in tail)
+        if pos <= 0:
             return
-        fields.append((pos, header, pos + len(header), pos + len(header) + n))
-        pos += len(header) + n
-    # the head alone must be whole fields without raw contents (then head + raw fields is
-    # exactly how protobuf reads every payload this layout matches)
-    try:
-        alone = type(msg).FromString(head)
-    except Exception:  # noqa: BLE001 - protobuf's DecodeError: the guess was wrong
-        return
-    if alone.raw_input_contents:
-        return
-    _GRPC.add(size, Layout(size, head, tuple(fields), tuple(specs), req))
+        fields = []
+        head = bytes(payload[:pos])
+        for n in tail:
+            header = bytes([_RAW_KEY]) + _varint(n)
+            if bytes(payload[pos : pos + len(header)]) != header:
+                return
+            fields.append((pos, header, pos + len(header), pos + len(header) + n))
+            pos += len(header) + n
+        # the head alone must be whole fields without raw contents (then head + raw fields is
+        # exactly how protobuf reads every payload this layout matches)
+        try:
+            alone = type(msg).FromString(head)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError: the guess was wrong
+            return
+        if alone.raw_input_contents:
+            return
+        self._add(size, Layout(size, head, tuple(fields), tuple(specs), req))
 
 
 class HttpLayout(_Learned):
@@ -240,33 +245,45 @@ class HttpLayout(_Learned):
         return self._request(inputs)
 
 
-def match_http(
-    body: bytes, model_name: str, model_version: str, header_length: int | None
-) -> InferRequest | None:
-    """The request an HTTP body with binary tensors decodes to, where its JSON header was
-    learned for this model, version and body size; else None."""
-    if header_length is None or not 0 <= header_length <= len(body):
-        return None  # the decoder says what is wrong
-    candidates = _HTTP.by_key.get(body[:header_length])
-    if candidates is None:
+class HttpLayouts(_Book):
+    """The HTTP binary-data layouts one front-end has learned, by JSON header."""
+
+    __slots__ = ()
+
+    def match(
+        self, body: bytes, model_name: str, model_version: str, header_length: int | None
+    ) -> InferRequest | None:
+        """The request an HTTP body with binary tensors decodes to, where its JSON header was
+        learned for this model, version and body size; else None."""
+        if header_length is None or not 0 <= header_length <= len(body):
+            return None  # the decoder says what is wrong
+        candidates = self.by_key.get(body[:header_length])
+        if candidates is None:
+            return None
+        size = len(body)
+        for lay in candidates:
+            if (
+                lay.size == size
+                and lay.model_name == model_name
+                and lay.model_version == model_version
+            ):
+                return lay.request(body)
         return None
-    size = len(body)
-    for lay in candidates:
-        if lay.size == size and lay.model_name == model_name and lay.model_version == model_version:
-            return lay.request(body)
-    return None
 
-
-def learn_http(
-    body: bytes, header_length: int | None, req: InferRequest, spans: list[tuple[int, int]]
-) -> None:
-    """Remember the layout of an HTTP body that decoded to ``req``; ``spans`` are the
-    (offset, size) of each input's binary data in input order, as the decoder read them."""
-    if header_length is None or not _plain(req) or len(spans) != len(req.inputs):
-        return
-    specs = []
-    for (name, arr), (offset, size) in zip(req.inputs.items(), spans, strict=True):
-        if arr.dtype.kind not in "biuf" or not arr.size or arr.nbytes != size:
+    def learn(
+        self,
+        body: bytes,
+        header_length: int | None,
+        req: InferRequest,
+        spans: list[tuple[int, int]],
+    ) -> None:
+        """Remember the layout of an HTTP body that decoded to ``req``; ``spans`` are the
+        (offset, size) of each input's binary data in input order, as the decoder read them."""
+        if header_length is None or not _plain(req) or len(spans) != len(req.inputs):
             return
-        specs.append((name, arr.dtype, arr.size, offset, tuple(arr.shape), arr.ndim != 1))
-    _HTTP.add(bytes(body[:header_length]), HttpLayout(len(body), tuple(specs), req))
+        specs = []
+        for (name, arr), (offset, size) in zip(req.inputs.items(), spans, strict=True):
+            if arr.dtype.kind not in "biuf" or not arr.size or arr.nbytes != size:
+                return
+            specs.append((name, arr.dtype, arr.size, offset, tuple(arr.shape), arr.ndim != 1))
+        self._add(bytes(body[:header_length]), HttpLayout(len(body), tuple(specs), req))

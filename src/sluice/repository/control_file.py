@@ -37,14 +37,17 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.registry import ModelRecord, Override, Registry
+from ..core.registry import ModelRecord, Registry
 from ..core.traffic import parse_weights, weights_doc
+from ..core.validation import check_model_name
 from ..errors import NotFound, ServerError
 from . import layout
+from .load_book import LoadBook, Override
 from .versions import load_version, set_traffic, unload_version
 
 if TYPE_CHECKING:
@@ -76,11 +79,12 @@ def _override_doc(o: Override) -> dict[str, Any]:
     return doc
 
 
-def _model_doc(rec: ModelRecord) -> dict[str, Any]:
+def _model_doc(rec: ModelRecord, book: LoadBook | None) -> dict[str, Any]:
     doc: dict[str, Any] = {"versions": sorted(rec.serving)}
-    if rec.override is not None:
-        doc["override"] = _override_doc(rec.override)
-    own = {v: o for v, o in rec.version_overrides.items() if v in rec.serving}
+    if book is not None and book.override is not None:
+        doc["override"] = _override_doc(book.override)
+    overrides = {} if book is None else book.version_overrides
+    own = {v: o for v, o in overrides.items() if v in rec.serving}
     if own:
         doc["version_overrides"] = {str(v): _override_doc(own[v]) for v in sorted(own)}
     if rec.split is not None:
@@ -88,10 +92,11 @@ def _model_doc(rec: ModelRecord) -> dict[str, Any]:
     return doc
 
 
-def snapshot(registry: Registry) -> dict[str, Any]:
-    """What serves in ``registry`` as the file's JSON document."""
+def snapshot(registry: Registry, books: Mapping[str, LoadBook]) -> dict[str, Any]:
+    """What serves in ``registry`` (loaded with the overrides ``books`` record) as the
+    file's JSON document."""
     recs = sorted(registry.records(), key=lambda rec: rec.name)
-    models = {rec.name: _model_doc(rec) for rec in recs if rec.serving}
+    models = {rec.name: _model_doc(rec, books.get(rec.name)) for rec in recs if rec.serving}
     return {_KEY: FORMAT, "models": models}
 
 
@@ -124,7 +129,7 @@ def _version(text: Any, where: str) -> int:
 def _model(name: str, doc: Any) -> ModelState:
     where = f"models['{name}']"
     try:
-        layout.check_model_name(name)
+        check_model_name(name)
     except ServerError as exc:
         raise _Bad(f"{where}: {exc}") from None
     if type(doc) is not dict:
@@ -235,7 +240,9 @@ class ControlState:
     async def save(self) -> None:
         """Write the current state if it changed (atomically; a failure is logged)."""
         async with self._lock:
-            data = (json.dumps(snapshot(self.registry), indent=1) + "\n").encode()
+            data = (
+                json.dumps(snapshot(self.registry, self.manager.books), indent=1) + "\n"
+            ).encode()
             if data == self._last:
                 return
             try:

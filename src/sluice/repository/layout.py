@@ -18,11 +18,11 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import InvalidArgument, NotFound
+from ..core.validation import check_model_name
+from ..errors import NotFound
 
 __all__ = [
     "ModelDirScan",
-    "check_model_name",
     "find_model_dir",
     "find_model_dir_or_none",
     "is_version_name",
@@ -35,23 +35,6 @@ __all__ = [
 log = logging.getLogger("sluice.repository")
 
 _MODEL_FILE_SUFFIXES = (".py", ".onnx", ".pt", ".plan", ".savedmodel", ".graphdef", ".pb")
-
-
-def check_model_name(name: str) -> str:
-    """Return ``name`` if it is a legal model name, else raise InvalidArgument."""
-    if (
-        not name
-        or name in (".", "..")
-        or "/" in name
-        or "\\" in name
-        or "\x00" in name
-        or name.startswith(".")
-    ):
-        raise InvalidArgument(
-            f"invalid model name '{name}': a model name must be a plain directory name "
-            "in the model repository"
-        )
-    return name
 
 
 def list_models(repositories: tuple[Path, ...]) -> dict[str, Path]:

@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +38,17 @@ from ..core.registry import (
     UNAVAILABLE,
     UNLOADING,
     ModelRecord,
-    Override,
     Registry,
     ServingVersion,
 )
 from ..core.serving import Serving
 from ..core.stats import ModelStats
+from ..core.validation import check_model_name
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from . import layout
 from .admission import MemoryAdmission
 from .devices import check_devices
+from .load_book import LoadBook, Override, Signature
 from .model_config import normalise, parse_config_json, read_config, validate
 from .prepare import start_version
 from .remote import RemoteRepositories
@@ -158,11 +159,27 @@ class ModelManager:
         self._ensembles: dict[str, list[str]] = {}
         # one number per load of a version (``ServingVersion.generation``, the cache key's)
         self._generations = itertools.count(1)
+        # each model's book of loads (lock, signature, overrides), beside its registry record
+        self._books: dict[str, LoadBook] = {}
 
     # ---------------------------------------------------------------- lookups
     def record(self, name: str) -> ModelRecord:
-        """The record of ``name`` (made if there is none): its ``lock`` serialises loads."""
+        """The registry's record of ``name`` (made if there is none)."""
         return self.registry.record(name)
+
+    @property
+    def books(self) -> Mapping[str, LoadBook]:
+        """Every model's book of loads, by name (read-only)."""
+        return self._books
+
+    def book(self, name: str) -> LoadBook:
+        """The book of ``name``'s loads (made if there is none): its ``lock`` serialises
+        them. Made and forgotten together with the registry's record."""
+        book = self._books.get(name)
+        if book is None:
+            self.registry.record(name)
+            book = self._books[name] = LoadBook()
+        return book
 
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -232,11 +249,12 @@ class ModelManager:
         if (
             self.registry.get(rec.name) is rec
             and not rec.present
-            and not rec.dependents
+            and not (rec.name in self._books and self._books[rec.name].dependents)
             and rec.name not in self._ensembles
             and layout.find_model_dir_or_none(self.repositories, rec.name) is None
         ):
             self.registry.forget(rec.name)
+            self._books.pop(rec.name, None)
 
     # ------------------------------------------------------------------ start
     async def startup(self) -> list[str]:
@@ -267,7 +285,7 @@ class ModelManager:
         return config.platform == "ensemble"
 
     async def _startup_load(self, name: str) -> bool:
-        self.record(name).required = True
+        self.registry.set_required(name, True)
         try:
             await self.load(name, refresh=False)  # the server refreshed before the start
             return True
@@ -284,27 +302,31 @@ class ModelManager:
         nothing (as Triton): a plain load keeps an override given earlier in force. Every
         failure's message starts with Triton's "failed to load '<name>'"."""
         try:
-            layout.check_model_name(name)
+            check_model_name(name)
             config_json, files = parse_load_params(name, parameters)
             override = _override_key(config_json, files)
             while True:
+                book = self.book(name)
                 rec = self.record(name)
-                async with rec.lock:
-                    if self.registry.get(name) is not rec:
+                async with book.lock:
+                    if self._books.get(name) is not book or self.registry.get(name) is not rec:
                         continue  # forgotten while we waited for its lock: start again
                     try:
-                        await self._load_if_changed(rec, config_json, files, override, refresh)
+                        await self._load_if_changed(
+                            rec, book, config_json, files, override, refresh
+                        )
                     except NotFound:
                         self.forget_if_unknown(rec)
                         raise
                     break
         except ServerError as exc:
             raise load_failure(name, exc) from None
-        rec.required = True
+        self.registry.set_required(name, True)
 
     async def _load_if_changed(
         self,
         rec: ModelRecord,
+        book: LoadBook,
         config_json: str | None,
         files: dict[str, bytes],
         override: tuple[object, ...] | None,
@@ -322,11 +344,11 @@ class ModelManager:
             layout.find_model_dir(self.repositories, name)  # raises Triton's NotFound
         signature = self.directory_signature(repo_dir) if repo_dir is not None else ()
         why = "first load"
-        if rec.serving and rec.loaded is not None:
-            loaded_signature, loaded_override = rec.loaded
+        if rec.serving and book.loaded is not None:
+            loaded_signature, loaded_override = book.loaded
             changed = _changed_paths(loaded_signature, signature)
             if not changed and (override is None or override == loaded_override):
-                rec.signature = signature
+                book.signature = signature
                 log.info(
                     "load '%s': nothing changed since it was loaded (files%s); not reloaded, "
                     "version(s) %s keep serving",
@@ -343,7 +365,7 @@ class ModelManager:
                 why = "new override"
         elif override is not None:
             why = "override"
-        rec.signature = signature
+        book.signature = signature
         try:
             model_dir = self.write_override(name, files) if files else repo_dir
             assert model_dir is not None
@@ -351,10 +373,10 @@ class ModelManager:
         except ServerError as exc:
             self._record_failure(rec, exc)
             raise
-        rec.loaded = (signature, override)
+        book.loaded = (signature, override)
         # a whole-model load serves the version_policy with one config: per-version loads reset
-        rec.override = Override(config_json, files) if config_json is not None else None
-        rec.version_overrides.clear()
+        book.override = Override(config_json, files) if config_json is not None else None
+        book.version_overrides.clear()
 
     def _record_failure(self, rec: ModelRecord, exc: ServerError) -> None:
         """The index's reason for a failed (re)load of ``rec``."""
@@ -535,7 +557,7 @@ class ModelManager:
         if composing:
             self._ensembles[name] = composing
             for m in composing:
-                self.record(m).dependents.add(name)
+                self.book(m).dependents.add(name)
         if only is None:
             self.registry.set_states(name, {v: (READY, "") for v in new})
         else:
@@ -567,7 +589,7 @@ class ModelManager:
             rec = self.record(m)
             if rec.serving:
                 continue
-            async with rec.lock:  # wait out a load of it already under way
+            async with self.book(m).lock:  # wait out a load of it already under way
                 serving = bool(rec.serving)
             if serving:
                 continue
@@ -600,27 +622,28 @@ class ModelManager:
 
     # ----------------------------------------------------------------- unload
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        layout.check_model_name(name)
+        check_model_name(name)
         rec = self.registry.get(name)
         if rec is None:
             # Triton answers success for a model it does not know; so do we.
             return
-        async with rec.lock:
+        book = self.book(name)
+        async with book.lock:
             old = list(rec.serving.values())
             self.registry.publish(name, {})
-            rec.loaded = None
+            book.loaded = None
             for sv in old:
                 self.registry.set_state(name, sv.spec.version, UNLOADING)
-            rec.required = False
+            self.registry.set_required(name, False)
             await self.retire(old)
             for sv in old:
                 self.registry.set_state(name, sv.spec.version, UNAVAILABLE, "unloaded")
         for m in self._ensembles.pop(name, ()):
-            composing = self.registry.get(m)
+            composing = self._books.get(m)
             if composing is not None:
                 composing.dependents.discard(name)
         if unload_dependents:
-            for dep in sorted(rec.dependents):
+            for dep in sorted(book.dependents):
                 await self.unload(dep)
 
     async def shutdown(self, timeout: float, exit_timeout: float | None = None) -> bool:
@@ -652,7 +675,7 @@ class ModelManager:
 
     # ------------------------------------------------------------------- poll
     @staticmethod
-    def directory_signature(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    def directory_signature(model_dir: Path) -> Signature:
         """(path, mtime, size) of everything under the model's directory: a load reloads, and
         a poll loads, only when this changed (Triton compares modification times too)."""
         sig: list[tuple[str, int, int]] = []
@@ -675,10 +698,10 @@ class ModelManager:
         await self.refresh_remote_logged("poll")
         present = layout.list_models(self.repositories)
         for name, model_dir in present.items():
-            rec = self.registry.get(name)
-            if rec is not None and rec.signature == self.directory_signature(model_dir):
+            book = self._books.get(name)
+            if book is not None and book.signature == self.directory_signature(model_dir):
                 continue  # loaded (or failed) with exactly these files
-            self.record(name).required = True
+            self.registry.set_required(name, True)
             try:
                 await self.load(name, refresh=False)
             except ServerError as exc:
@@ -690,13 +713,13 @@ class ModelManager:
             if rec.serving:
                 log.info("poll: model '%s' was removed from the repository; unloading", name)
                 await self.unload(name)
-            rec = self.registry.get(name)
-            if rec is not None and not rec.present:
-                self.forget_if_unknown(rec)
+            now = self.registry.get(name)
+            if now is not None and not now.present:
+                self.forget_if_unknown(now)
 
     async def _poll_loop(self) -> None:
         for name, model_dir in layout.list_models(self.repositories).items():
-            self.record(name).signature = self.directory_signature(model_dir)
+            self.book(name).signature = self.directory_signature(model_dir)
         while True:
             await asyncio.sleep(self.config.repository_poll_secs)
             try:

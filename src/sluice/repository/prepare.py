@@ -16,6 +16,7 @@ from ..backends.base import Backend, ModelInstance, ModelSpec
 from ..core.registry import ServingVersion
 from ..core.stats import ModelStats
 from ..errors import InvalidArgument, NotFound, ServerError
+from ..scheduling.serving_version import build as build_version
 from .admission import MemoryAdmission
 from .warmup import warm_up
 
@@ -33,7 +34,7 @@ async def start_version(
     cache: bool = False,
 ) -> ServingVersion:
     """Start ``spec``'s instances and return the version serving over them, warmed up.
-    ``cache``: the server has a response cache (``ServingVersion.build``)."""
+    ``cache``: the server has a response cache (``scheduling.serving_version.build``)."""
     name, v, config = spec.name, spec.version, spec.config
     fname = config.default_model_filename or backend.default_model_filename()
     if fname and not (spec.version_dir / fname).exists():
@@ -52,7 +53,7 @@ async def start_version(
         raise InvalidArgument(
             f"load failed for model '{name}': version {v} is at UNAVAILABLE state: {errors[0]}"
         ) from errors[0]
-    sv = ServingVersion.build(spec, instances, stats, generation=generation, cache=cache)
+    sv = build_version(spec, instances, stats, generation=generation, cache=cache)
     try:
         await warm_up(sv, instances)  # before READY, on every instance
     except ServerError as exc:

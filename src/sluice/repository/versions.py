@@ -26,10 +26,12 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..core.registry import UNAVAILABLE, UNLOADING, ModelRecord, Override, Signature
+from ..core.registry import UNAVAILABLE, UNLOADING, ModelRecord
 from ..core.traffic import TrafficSplit, parse_weights, weights_doc
+from ..core.validation import check_model_name
 from ..errors import VERSION_STRING_ERROR, InvalidArgument, NotFound, ServerError
 from . import layout
+from .load_book import LoadBook, Override, Signature
 from .manager import load_failure, parse_load_params
 
 if TYPE_CHECKING:
@@ -73,28 +75,30 @@ async def load_version(
     """Load (or refresh) version ``version`` of ``name`` in addition to the serving ones;
     a failure's message starts with Triton's "failed to load '<name>'"."""
     try:
-        layout.check_model_name(name)
+        check_model_name(name)
         v = parse_version(name, version)
         config_json, files = parse_load_params(name, parameters)
         while True:
+            book = manager.book(name)
             rec = manager.record(name)
-            async with rec.lock:
-                if manager.registry.get(name) is not rec:
+            async with book.lock:
+                if manager.book(name) is not book or manager.registry.get(name) is not rec:
                     continue  # forgotten while we waited for its lock: start again
                 try:
-                    await _load_locked(manager, rec, v, config_json, files)
+                    await _load_locked(manager, rec, book, v, config_json, files)
                 except NotFound:
                     manager.forget_if_unknown(rec)
                     raise
                 break
     except ServerError as exc:
         raise load_failure(name, exc, f" version {version}") from None
-    rec.required = True
+    manager.registry.set_required(name, True)
 
 
 async def _load_locked(
     manager: ModelManager,
     rec: ModelRecord,
+    book: LoadBook,
     v: int,
     config_json: str | None,
     files: dict[str, bytes],
@@ -103,17 +107,17 @@ async def _load_locked(
     await manager.refresh_remote()  # object-storage repositories: their mirrors up to date
     serving = bool(rec.serving)
     if not serving:  # what an earlier load left is not in force any more
-        rec.override = None
-        rec.version_overrides.clear()
+        book.override = None
+        book.version_overrides.clear()
     repo_dir = layout.find_model_dir_or_none(manager.repositories, name)
     own = Override(config_json, files) if config_json is not None else None
     why = f"version {v} loaded alone"
     if files:
         model_dir = manager.write_override(name, files, _slot(name, v))
         why += ", own override"
-    elif own is None and rec.override is not None:
-        config_json = rec.override.config
-        written = manager.override_dir(name) if rec.override.files else None
+    elif own is None and book.override is not None:
+        config_json = book.override.config
+        written = manager.override_dir(name) if book.override.files else None
         if written is not None:
             model_dir = written
         else:
@@ -126,26 +130,26 @@ async def _load_locked(
             why += ", own config override"
     await manager.load_locked(rec, model_dir, config_json, why, only=v)
     if own is not None:
-        rec.version_overrides[v] = own
+        book.version_overrides[v] = own
     else:
-        rec.version_overrides.pop(v, None)
+        book.version_overrides.pop(v, None)
         manager.drop_override(_slot(name, v))
     signature = manager.directory_signature(repo_dir) if repo_dir is not None else ()
-    if not serving or rec.loaded is None:
+    if not serving or book.loaded is None:
         # the model is loaded now: a plain load that changes nothing does nothing
-        rec.loaded = (signature, None)
-        rec.signature = signature
+        book.loaded = (signature, None)
+        book.signature = signature
     elif model_dir == repo_dir:
-        loaded_signature, loaded_override = rec.loaded
-        rec.loaded = (_with_version(loaded_signature, signature, v), loaded_override)
-        rec.signature = _with_version(rec.signature, signature, v)
+        loaded_signature, loaded_override = book.loaded
+        book.loaded = (_with_version(loaded_signature, signature, v), loaded_override)
+        book.signature = _with_version(book.signature, signature, v)
 
 
 # ----------------------------------------------------------------------------------- unload
 async def unload_version(manager: ModelManager, name: str, version: Any) -> None:
     """Unload version ``version`` of ``name``; the other versions keep serving. A version that
     is not serving (but exists) is already unloaded: nothing to do."""
-    layout.check_model_name(name)
+    check_model_name(name)
     v = parse_version(name, version)
     rec = manager.registry.get(name)
     repo_dir = layout.find_model_dir_or_none(manager.repositories, name)
@@ -161,7 +165,8 @@ async def unload_version(manager: ModelManager, name: str, version: Any) -> None
             )
     if rec is None:
         return
-    async with rec.lock:
+    book = manager.book(name)
+    async with book.lock:
         sv = rec.serving.get(v)
         if sv is None:
             return
@@ -182,13 +187,13 @@ async def unload_version(manager: ModelManager, name: str, version: Any) -> None
         manager.registry.set_state(name, v, UNLOADING)
         await manager.retire([sv])
         manager.registry.set_state(name, v, UNAVAILABLE, "unloaded")
-        rec.version_overrides.pop(v, None)
+        book.version_overrides.pop(v, None)
         manager.drop_override(_slot(name, v))
 
 
 # ---------------------------------------------------------------------------------- traffic
 def _known(manager: ModelManager, name: str) -> ModelRecord | None:
-    layout.check_model_name(name)
+    check_model_name(name)
     rec = manager.registry.get(name)
     if (rec is None or not rec.present) and layout.find_model_dir_or_none(
         manager.repositories, name

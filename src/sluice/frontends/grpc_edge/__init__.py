@@ -39,10 +39,11 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
+from ...config import TlsFiles
 from ...errors import InvalidArgument, ServerError, Status
 from ...protocol.grpc_codec import parse_model_infer
 from ...security.access import CALLER, AccessDenied, Policy, client_address
-from ...security.tls import TlsFiles
+from ...security.tls import pems as tls_pems
 from ...service import InferenceService
 from ..errors import grpc_error
 from ..grpc_api import (
@@ -190,7 +191,7 @@ class NativeGrpcServer:
         """Bind ``address`` (``host:port``) and serve (over TLS when ``tls`` is given);
         returns the bound port."""
         self._loop = asyncio.get_running_loop()
-        pems = None if tls is None else tls.pems()
+        pems = None if tls is None else tls_pems(tls)
         capture = self._guard.grpc_headers if self._guard is not None else ()
         try:
             port = int(

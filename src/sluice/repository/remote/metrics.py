@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..repository.remote.mirror import Counters
+from .mirror import Counters
 
 __all__ = ["RepositoryCollector"]
 

@@ -9,12 +9,10 @@ Counters are cumulative, so the page's rates and percentiles are over its own po
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.stats import BUCKETS_US, ModelStats
-
-if TYPE_CHECKING:
-    from ..service import InferenceService
+from ..service import InferenceService
 
 __all__ = ["snapshot"]
 
