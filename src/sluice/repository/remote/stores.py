@@ -6,14 +6,16 @@ Rules of this file:
 - Every failure becomes ``RepositoryError`` (HTTP 400, as Triton's load errors) whose message
   names the URL and says in a few words what failed: the store's error code and message, a
   refused connection, a timeout. Secrets are scrubbed from every message.
-- Sluice's own additions for local emulators (not Triton's): ``STORAGE_EMULATOR_HOST`` (the
-  GCS emulator address Google's clients honour) and ``AZURE_STORAGE_ENDPOINT``.
+- Emulators: ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` (the GCS emulator variable of google-cloud-cpp,
+  the client inside Triton) or ``STORAGE_EMULATOR_HOST`` (the Python client's); for Azure,
+  sluice's own ``AZURE_STORAGE_ENDPOINT`` (Triton always uses the account's public endpoint).
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -179,14 +181,29 @@ def open_store(
         client = S3Store(url.bucket, client_options=client_options, retry_config=retry, **kw)
     elif url.scheme == "gs":
         gkw: dict[str, Any] = {}
-        emulator = env.get("STORAGE_EMULATOR_HOST", "")
+        emulator = env.get("CLOUD_STORAGE_EMULATOR_ENDPOINT", "") or env.get(
+            "STORAGE_EMULATOR_HOST", ""
+        )
+        if emulator and "://" not in emulator:
+            emulator = f"http://{emulator}"
         if emulator:
-            gkw["base_url"] = emulator if "://" in emulator else f"http://{emulator}"
-            client_options["allow_http"] = True
+            client_options["allow_http"] = emulator.startswith("http://")
         if creds.gcs_key_file:
             gkw["application_credentials"] = creds.gcs_key_file
+            if emulator:
+                gkw["base_url"] = emulator
         else:
-            gkw["skip_signature"] = True
+            # anonymous: a key that turns OAuth off (obstore's skip_signature still asks the
+            # metadata server for a token), pointed at the service or the emulator
+            gkw["service_account_key"] = json.dumps(
+                {
+                    "gcs_base_url": emulator or "https://storage.googleapis.com",
+                    "disable_oauth": True,
+                    "client_email": "",
+                    "private_key": "",
+                    "private_key_id": "",
+                }
+            )
         client = GCSStore(url.bucket, client_options=client_options, retry_config=retry, **gkw)
     else:
         akw: dict[str, Any] = {"account_name": creds.account or url.account}
