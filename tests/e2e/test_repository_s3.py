@@ -542,3 +542,26 @@ def test_control_state_restores_a_model_of_s3_with_its_config_override(
     assert infer_fp32(again, "adder", 1.0, version="2")[1]["outputs"][0]["data"] == [3.0]
     with httpclient.InferenceServerClient(again.http) as client:
         assert client.get_model_config("adder")["max_batch_size"] == 2
+
+
+def test_a_file_shared_by_two_versions_is_downloaded_and_stored_once(
+    moto: Moto, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from sluice.repository.remote import RemoteRepositories, plan_repositories
+
+    bucket = new_bucket(moto)
+    weights = os.urandom(1 << 20)
+    for v in (1, 2):
+        moto.put(bucket, f"models/m/{v}/model.onnx", weights)
+    moto.put(bucket, "models/m/config.pbtxt", 'name: "m"\n')
+    cache = tmp_path / "cache"
+    _paths, remotes = plan_repositories([moto.url(bucket)], str(cache), creds_env())
+    repos = RemoteRepositories(remotes, str(cache), 0, 10.0, 4, creds_env())
+    asyncio.run(repos.refresh())
+    c = repos.counters.scheme("s3")
+    assert (c.download_objects, c.download_bytes) == (2, len(weights) + len('name: "m"\n'))
+    mirror = remotes[0][1]
+    one, two = mirror / "m" / "1" / "model.onnx", mirror / "m" / "2" / "model.onnx"
+    assert one.read_bytes() == weights and os.path.samefile(one, two)
