@@ -73,7 +73,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--repository-timeout-secs",
         type=float,
         default=30.0,
-        help="object-storage repositories: the most one listing and download round may take",
+        help="object-storage repositories: the most any wait for the store may take "
+        "(connecting, listing, a download's answer and each piece of it)",
     )
     p.add_argument(
         "--repository-download-parallel",

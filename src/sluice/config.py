@@ -78,7 +78,7 @@ class ServerConfig:
     # --repository-cache-dir / --repository-cache-size (bytes, 0 = no limit): the object cache
     repository_cache_dir: str = ""
     repository_cache_size: int = 0
-    # --repository-timeout-secs: the most one refresh of a remote repository may take
+    # --repository-timeout-secs: the most any wait for an object store may take
     repository_timeout_secs: float = 30.0
     # --repository-download-parallel: downloads in flight at once per repository
     repository_download_parallel: int = 8

@@ -360,8 +360,8 @@ class _DeletesAfterListing:
         self.moto.client.delete_object(Bucket=self.bucket, Key=self.key)
         return listing
 
-    async def fetch(self, obj):  # type: ignore[no-untyped-def]
-        return await self.store.fetch(obj)
+    async def fetch(self, obj, out):  # type: ignore[no-untyped-def]
+        return await self.store.fetch(obj, out)
 
 
 def test_object_deleted_mid_refresh_leaves_the_mirror_as_it_was(moto: Moto, tmp_path: Path) -> None:
@@ -501,8 +501,8 @@ def test_a_store_that_never_answers_fails_the_load_within_the_timeout(
         took = time.monotonic() - t0
         assert code == 400, body
         assert (
-            f"model repository {url}: the store did not answer within --repository-timeout-secs=1"
-            in body.decode()
+            f"model repository {url}: cannot list objects: the store did not answer within "
+            "--repository-timeout-secs=1" in body.decode()
         )
         assert took < 10, took
         assert infer_fp32(srv, "here", 1.0)[0] == 200

@@ -98,21 +98,30 @@ class ObjectCache:
             self._used[name] = next(self._clock)
         return ok
 
-    def put(self, name: str, data: bytes) -> Path:
-        """Store ``data`` as ``name``: written to a temporary file, then renamed into place."""
+    def temp_file(self, name: str) -> Path:
+        """A new empty temporary file for the download of ``name`` (see ``commit``)."""
+        fd, tmp = tempfile.mkstemp(dir=self.tmp, prefix=name[:16] + ".")
+        os.close(fd)
+        return Path(tmp)
+
+    def commit(self, name: str, tmp: Path) -> Path:
+        """The complete, verified file ``tmp`` becomes ``name``: read-only, renamed into place."""
         final = self.path(name)
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.tmp, prefix=name[:16] + ".")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, final)
         self._used[name] = next(self._clock)
         return final
+
+    def put(self, name: str, data: bytes) -> Path:
+        """Store ``data`` as ``name`` (through a temporary file, as a download)."""
+        tmp = self.temp_file(name)
+        try:
+            tmp.write_bytes(data)
+            return self.commit(name, tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def entries(self) -> list[CacheEntry]:
         out: list[CacheEntry] = []

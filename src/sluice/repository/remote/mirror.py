@@ -10,7 +10,9 @@ Rules of this file:
   mirror (``..``, absolute, empty segments) is refused with its URL.
 - A listing with no objects is an error naming the URL (Triton: "directory or file does not
   exist at ...").
-- One refresh at a time per repository; each has a deadline (``timeout_s``) as a whole.
+- One refresh at a time per repository. No wait for the store (connecting, the listing, the
+  answer to a download, each piece of it) lasts longer than ``timeout_s`` (``Store``); a
+  large download that keeps moving is not cut.
 - A mirror file's modification time is its cache file's (a hard link): the manager's
   (path, mtime, size) signature changes exactly when the listed object (ETag, size) changed.
 """
@@ -105,14 +107,7 @@ class RemoteRepository:
             counters = self.counters.scheme(self.url.scheme)
             counters.refreshes += 1
             try:
-                await asyncio.wait_for(self._refresh(counters), self.timeout_s)
-            except TimeoutError:
-                counters.refresh_failures += 1
-                self.last_error = (
-                    f"model repository {self.url.url}: the store did not answer within "
-                    f"--repository-timeout-secs={self.timeout_s:g}"
-                )
-                raise RepositoryError(self.last_error) from None
+                await self._refresh(counters)
             except RepositoryError as exc:
                 counters.refresh_failures += 1
                 self.last_error = str(exc)
@@ -169,9 +164,14 @@ class RemoteRepository:
 
         async def one(name: str, obj: ObjectInfo) -> None:
             async with gate:
-                data = await self.store.fetch(obj)
-                await loop.run_in_executor(None, self.cache.put, name, data)
-                counters.download_bytes += len(data)
+                tmp = self.cache.temp_file(name)
+                try:
+                    with open(tmp, "wb") as out:
+                        await self.store.fetch(obj, out)
+                    await loop.run_in_executor(None, self.cache.commit, name, tmp)
+                finally:
+                    tmp.unlink(missing_ok=True)  # gone already once committed
+                counters.download_bytes += obj.size
                 counters.download_objects += 1
 
         tasks = [asyncio.ensure_future(one(n, o)) for n, o in missing.items()]

@@ -13,19 +13,24 @@ Rules of this file:
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from ...errors import InvalidArgument
 from .credentials import Credentials, secrets_of
 from .url import StoreUrl
 
 __all__ = ["ObjectInfo", "RepositoryError", "Store", "describe_error", "open_store"]
+
+
+# a download is written out in pieces of about this size
+_CHUNK = 4 << 20
 
 
 class RepositoryError(InvalidArgument):
@@ -98,7 +103,7 @@ class Store:
             f"model repository {where}: {what}: {describe_error(exc, self.secrets)}"
         )
 
-    async def list(self) -> list[ObjectInfo]:
+    async def list_once(self) -> list[ObjectInfo]:
         """Every object under the repository's prefix ("directory" markers left out)."""
         out: list[ObjectInfo] = []
         try:
@@ -121,31 +126,62 @@ class Store:
             raise self.error("cannot list objects", exc) from None
         return out
 
-    async def fetch(self, obj: ObjectInfo) -> bytes:
-        """The bytes of ``obj``, checked against the listed size (and, for an S3 ETag that
-        is an MD5, the content's MD5)."""
+    def stalled(self, what: str, key: str = "") -> RepositoryError:
+        where = self.url.object_url(key) if key else self.url.url
+        return RepositoryError(
+            f"model repository {where}: {what}: the store did not answer within "
+            f"--repository-timeout-secs={self.timeout_s:g}"
+        )
+
+    async def list(self) -> list[ObjectInfo]:
+        """``list_once`` within the timeout."""
         try:
-            result = await self._obstore.get_async(self._client, obj.key)
-            data = bytes(await result.bytes_async())
+            return await asyncio.wait_for(self.list_once(), self.timeout_s)
+        except TimeoutError:
+            raise self.stalled("cannot list objects") from None
+
+    async def fetch(self, obj: ObjectInfo, out: BinaryIO) -> None:
+        """Write the bytes of ``obj`` to ``out`` as they arrive, then check them against the
+        listed size (and, for an S3 ETag that is an MD5, the content's MD5). Any wait for
+        the store (the answer, each chunk) is bounded by the timeout: a slow but moving
+        download of a large file is not cut, a stalled one is."""
+        loop = asyncio.get_running_loop()
+        digest = hashlib.md5(usedforsecurity=False)
+        size = 0
+        try:
+            result = await asyncio.wait_for(
+                self._obstore.get_async(self._client, obj.key), self.timeout_s
+            )
+            chunks = result.stream(min_chunk_size=_CHUNK).__aiter__()
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(chunks.__anext__(), self.timeout_s)
+                except StopAsyncIteration:
+                    break
+                data = bytes(chunk)
+                size += len(data)
+                digest.update(data)
+                await loop.run_in_executor(None, out.write, data)
+        except TimeoutError:
+            raise self.stalled("download stalled", obj.key) from None
         except FileNotFoundError as exc:
             raise self.error("object disappeared while downloading", exc, obj.key) from None
         except Exception as exc:
             raise self.error("download failed", exc, obj.key) from None
         where = self.url.object_url(obj.key)
-        if len(data) != obj.size:
+        if size != obj.size:
             raise RepositoryError(
-                f"model repository {where}: downloaded {len(data)} bytes, the listing said "
+                f"model repository {where}: downloaded {size} bytes, the listing said "
                 f"{obj.size} (the object changed during the download?)"
             )
         etag = (obj.etag or "").strip('"')
         if self.url.scheme == "s3" and re.fullmatch(r"[0-9a-f]{32}", etag):
-            got = hashlib.md5(data, usedforsecurity=False).hexdigest()
+            got = digest.hexdigest()
             if got != etag:
                 raise RepositoryError(
                     f"model repository {where}: content MD5 {got} does not match the ETag "
                     f"{etag} (the object changed during the download?)"
                 )
-        return data
 
 
 def open_store(
@@ -155,9 +191,11 @@ def open_store(
     obstore = _import_obstore()
     from obstore.store import AzureStore, GCSStore, S3Store
 
+    # connecting is bounded by the timeout; a request as a whole by a generous multiple of it
+    # (a large model downloads for longer than any one wait: Store bounds each wait)
     client_options: Any = {
-        "timeout": f"{max(1, int(timeout_s))}s",
-        "connect_timeout": f"{max(1, min(int(timeout_s), 10))}s",
+        "timeout": f"{max(3600, int(timeout_s))}s",
+        "connect_timeout": f"{max(1, int(timeout_s))}s",
     }
     retry: Any = {
         "max_retries": 2,
