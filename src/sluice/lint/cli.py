@@ -32,7 +32,12 @@ def add_repo_commands(repo: argparse.ArgumentParser) -> None:
         description="Check a model repository: layout, config.pbtxt, model files, batching, "
         "devices, memory, TensorRT plans. One finding per line; exit 1 on errors.",
     )
-    lint.add_argument("paths", nargs="+", metavar="PATH", help="model repository (repeatable)")
+    lint.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="model repository: a directory or an s3://, gs://, as:// URL (repeatable)",
+    )
     lint.add_argument("--format", choices=("text", "json"), default="text")
     lint.add_argument(
         "--repository-cache-dir",

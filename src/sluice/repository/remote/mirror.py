@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from .cache import ObjectCache, cache_name
 from .stores import ObjectInfo, RepositoryError, Store
 
-__all__ = ["Counters", "RemoteRepository", "mirror_dir_for", "mirror_path"]
+__all__ = ["Counters", "RemoteRepository", "SchemeCounters", "mirror_dir_for", "mirror_path"]
 
 log = logging.getLogger("sluice.repository")
 
@@ -44,7 +44,7 @@ MOUNT_VARIABLES = {
 
 
 @dataclass(slots=True)
-class Counters:
+class SchemeCounters:
     """What the repositories of one scheme downloaded (the metrics port shows them)."""
 
     download_bytes: int = 0
@@ -52,11 +52,17 @@ class Counters:
     cache_hits: int = 0
     refreshes: int = 0
     refresh_failures: int = 0
-    by_scheme: dict[str, Counters] = field(default_factory=dict)
 
-    def scheme(self, scheme: str) -> Counters:
+
+@dataclass(slots=True)
+class Counters:
+    """The counters of every scheme in use, by scheme ("s3", "gs", "as")."""
+
+    by_scheme: dict[str, SchemeCounters] = field(default_factory=dict)
+
+    def scheme(self, scheme: str) -> SchemeCounters:
         if scheme not in self.by_scheme:
-            self.by_scheme[scheme] = Counters()
+            self.by_scheme[scheme] = SchemeCounters()
         return self.by_scheme[scheme]
 
 
@@ -115,7 +121,7 @@ class RemoteRepository:
             self.last_error = ""
             await asyncio.get_running_loop().run_in_executor(None, self.cache.evict)
 
-    async def _refresh(self, counters: Counters) -> None:
+    async def _refresh(self, counters: SchemeCounters) -> None:
         listing = await self.store.list()
         wanted: dict[PurePosixPath, tuple[ObjectInfo, str]] = {}
         for obj in listing:
@@ -158,7 +164,7 @@ class RemoteRepository:
             None, self._sync_mirror, {rel: name for rel, (_o, name) in wanted.items()}
         )
 
-    async def _download(self, missing: dict[str, ObjectInfo], counters: Counters) -> None:
+    async def _download(self, missing: dict[str, ObjectInfo], counters: SchemeCounters) -> None:
         gate = asyncio.Semaphore(self.parallel)
         loop = asyncio.get_running_loop()
 
