@@ -313,6 +313,7 @@ def test_wrong_credentials_fail_the_load_with_400_naming_the_url(
             "--model-control-mode=explicit",
             "--load-model=here",
             "--exit-on-error=false",
+            f"--audit-log={tmp_path / 'audit.jsonl'}",
             env=creds_env(),
         )
         code, body = post(srv, "/v2/repository/models/anything/load")
@@ -324,6 +325,8 @@ def test_wrong_credentials_fail_the_load_with_400_naming_the_url(
         log = srv.log()
         assert f"model repository {url}" in log
         assert SECRET not in log and SECRET not in text
+        audit = (tmp_path / "audit.jsonl").read_text()
+        assert "anything" in audit and "InvalidAccessKeyId" in audit and SECRET not in audit
     finally:
         strict.stop()
 
