@@ -270,8 +270,17 @@ def test_poll_sees_an_added_and_a_deleted_version(moto: Moto, start_server, tmp_
     assert infer_fp32(srv, "adder", 1.0, version="2")[0] == 200
 
 
-def test_missing_bucket_stops_the_start_naming_the_url(moto: Moto, tmp_path: Path) -> None:
-    url = moto.url("no-such-bucket-here")
+@pytest.mark.parametrize(
+    ("bucket", "why"),
+    [
+        ("no-such-bucket-here", "cannot list objects: NoSuchBucket"),
+        ("", "directory or file does not exist"),  # a bucket with nothing under the path
+    ],
+)
+def test_unreadable_repository_stops_the_start_naming_the_url(
+    moto: Moto, tmp_path: Path, bucket: str, why: str
+) -> None:
+    url = moto.url(bucket or new_bucket(moto))
     (tmp_path / "local").mkdir()
     proc = subprocess.run(
         [
@@ -293,7 +302,7 @@ def test_missing_bucket_stops_the_start_naming_the_url(moto: Moto, tmp_path: Pat
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    assert f"model repository {url}: cannot list objects: NoSuchBucket" in out
+    assert f"model repository {url}: {why}" in out
     assert SECRET not in out
 
 
