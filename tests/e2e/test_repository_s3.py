@@ -577,3 +577,24 @@ def test_a_file_shared_by_two_versions_is_downloaded_and_stored_once(
     mirror = remotes[0][1]
     one, two = mirror / "m" / "1" / "model.onnx", mirror / "m" / "2" / "model.onnx"
     assert one.read_bytes() == weights and os.path.samefile(one, two)
+
+
+def test_per_version_load_sees_a_version_just_uploaded(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1])
+    moto.upload(bucket, src)
+    srv = serve_s3(
+        start_server,
+        tmp_path,
+        moto.url(bucket),
+        "--model-control-mode=explicit",
+        "--load-model=adder",
+    )
+    moto.put(bucket, "models/adder/2/model.py", version_model_py(2))
+    code, body = post(srv, "/v2/repository/models/adder/versions/2/load")
+    assert code == 200, body
+    assert infer_fp32(srv, "adder", 1.0, version="2")[1]["outputs"][0]["data"] == [3.0]
+    assert infer_fp32(srv, "adder", 1.0, version="1")[1]["outputs"][0]["data"] == [2.0]
