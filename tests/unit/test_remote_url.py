@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sluice.errors import InvalidArgument
@@ -69,3 +71,24 @@ def test_malformed_urls_are_refused_naming_them(bad: str) -> None:
 def test_is_remote() -> None:
     assert is_remote("s3://b/m") and is_remote("gs://b") and is_remote("as://a/c")
     assert not is_remote("/models") and not is_remote("models/s3://x") and not is_remote("hdfs://x")
+
+
+def test_cli_places_mirrors_among_local_paths_and_refuses_a_bad_url(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sluice.cli import parse_serve_args
+
+    cfg = parse_serve_args(
+        [
+            "--model-repository=/a",
+            "--model-repository=s3://bucket/models",
+            "--model-repository=/b",
+            f"--repository-cache-dir={tmp_path}",
+            "--repository-cache-size=1G",
+        ]
+    )
+    ((url, mirror),) = cfg.remote_repositories
+    assert url == "s3://bucket/models" and mirror.parent == tmp_path / "mirrors"
+    assert cfg.model_repositories == (Path("/a"), mirror, Path("/b"))
+    assert cfg.repository_cache_size == 1 << 30
+    with pytest.raises(SystemExit) as info:
+        parse_serve_args(["--model-repository=s3://https://host/bucket"])
+    assert info.value.code == 2
