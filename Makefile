@@ -39,8 +39,13 @@ PA_STAMP := $(VENV)/bin/perf_analyzer
 $(PA_STAMP): scripts/install-perf-analyzer | $(STAMP)
 	scripts/install-perf-analyzer
 
+# Azurite (the Azure Blob emulator, from npm) for the object-store repository tests
+AZURITE_STAMP := $(VENV)/azurite/.installed
+$(AZURITE_STAMP): scripts/install-test-services | $(STAMP)
+	scripts/install-test-services
+
 # The docs build and the checks run first: a broken page or a lint error fails CI early.
-test: install models $(PA_STAMP) docs check
+test: install models $(PA_STAMP) $(AZURITE_STAMP) docs check
 	scripts/install-system-deps
 	scripts/run-tests
 

@@ -24,7 +24,8 @@ variables the sluice process is started with; ``obstore_kwargs()`` the obstore s
 configuration that reads what the server holds, exactly as sluice is to build it:
 
 S3 (``s3://127.0.0.1:PORT/bucket/prefix``; Triton: host and port after ``s3://`` mean HTTP to
-that endpoint; credentials from the standard AWS variables)::
+that endpoint; credentials from the standard AWS variables. Real Triton 2.51 loads a model from
+this server with exactly ``url()`` and ``env()``)::
 
     S3Store(bucket, prefix=prefix,
             config={"endpoint": "http://127.0.0.1:PORT", "region": "us-east-1",
@@ -34,20 +35,22 @@ that endpoint; credentials from the standard AWS variables)::
   env: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION (and AWS_REGION). obstore
   reads these itself too (with the endpoint given, it uses path-style requests).
 
-GCS (``gs://bucket/prefix``; the emulator's endpoint comes from the environment, as the Google
-clients take it: CLOUD_STORAGE_EMULATOR_ENDPOINT is google-cloud-cpp's variable, the client
-inside Triton; STORAGE_EMULATOR_HOST the Python client's)::
+GCS (``gs://bucket/prefix``; the emulator's endpoint comes from CLOUD_STORAGE_EMULATOR_ENDPOINT,
+the variable of google-cloud-cpp, the client inside Triton: real Triton 2.51 loads a model from
+this server with it, and without it waits on the real GCS and never becomes ready; it ignores
+STORAGE_EMULATOR_HOST, the Python client's name)::
 
     GCSStore(bucket, prefix=prefix,
-             config={"service_account_key": json.dumps({
-                 "gcs_base_url": "http://127.0.0.1:PORT", "disable_oauth": True,
-                 "client_email": "", "private_key": "", "private_key_id": ""})},
+             config={"base_url": "http://127.0.0.1:PORT", "skip_signature": True},
              client_options={"allow_http": True})
 
-  ``disable_oauth`` makes obstore send no Authorization header and ask no token server; the
-  key must have all four fields. ``config={"skip_signature": True}`` does NOT work (obstore
-  0.12 still asks the metadata server for a token), and obstore's plain PUT (the XML API) is
-  not served by fake-gcs-server (400 "invalid uploadType"): sluice only lists and reads.
+  ``skip_signature`` sends no Authorization header and asks no token server; it serves list,
+  head and get (all sluice does), but obstore 0.12 still fetches a token for a put. Writes would
+  need a service-account key instead: ``{"service_account_key": json.dumps({"gcs_base_url":
+  URL, "disable_oauth": true, "client_email": "", "private_key": "", "private_key_id": ""})}``
+  (all five fields), which works for reads too. Either way obstore's plain PUT (the XML API) is
+  not served by fake-gcs-server (400 "invalid uploadType"). ETags: a listing gives the JSON
+  API's tag unquoted, a head the same tag quoted: compare them without the quotes.
 
 Azure (``as://devstoreaccount1/container/prefix``; Triton's account and key variables
 AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY, which obstore does not read under those names)::
@@ -58,7 +61,14 @@ AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY, which obstore does not read under thos
                client_options={"allow_http": True})
 
   env: AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY, and AZURE_STORAGE_ENDPOINT for the emulator's
-  account URL (obstore's own name for its ``endpoint``; Azurite serves accounts path-style).
+  account URL (obstore's own name for its ``endpoint``; Azurite serves accounts path-style, so
+  the URL ends in the account's name). obstore's other way, ``use_emulator`` with
+  AZURITE_BLOB_STORAGE_URL=http://127.0.0.1:PORT, works too; a wrong key is refused (403).
+  Real Triton 2.51 has no endpoint override for Azure: it always connects to
+  https://ACCOUNT.blob.core.windows.net, and where that cannot be reached it aborts (SIGABRT:
+  "terminate called after throwing an instance of 'Azure::Core::Http::TransportException'
+  what(): Fail to get a new connection for: https://devstoreaccount1.blob.core.windows.net.
+  Couldn't resolve host name"). AZURE_STORAGE_ENDPOINT is sluice's own addition.
 """
 
 from __future__ import annotations
@@ -573,21 +583,11 @@ class GcsServer(StoreServer):
         return f"gs://{self.bucket}/{prefix}".rstrip("/")
 
     def env(self) -> dict[str, str]:
-        return {
-            "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.endpoint,
-            "STORAGE_EMULATOR_HOST": self.endpoint,
-        }
+        return {"CLOUD_STORAGE_EMULATOR_ENDPOINT": self.endpoint}
 
     def obstore_kwargs(self) -> dict[str, Any]:
-        key = {
-            "gcs_base_url": self.endpoint,
-            "disable_oauth": True,
-            "client_email": "",
-            "private_key": "",
-            "private_key_id": "",
-        }
         return {
-            "config": {"service_account_key": json.dumps(key)},
+            "config": {"base_url": self.endpoint, "skip_signature": True},
             "client_options": {"allow_http": True},
         }
 
