@@ -269,6 +269,11 @@ def test_poll_sees_an_added_and_a_deleted_version(moto: Moto, start_server, tmp_
     assert code in (400, 404)
     assert infer_fp32(srv, "adder", 1.0, version="2")[0] == 200
 
+    # the last model deleted: the path lists nothing now, and the poll unloads it
+    moto.delete_prefix(bucket, "models/")
+    wait_until(lambda: "READY" not in states().values(), what="adder unloaded", describe=states)
+    assert infer_fp32(srv, "adder", 1.0)[0] in (400, 404)
+
 
 @pytest.mark.parametrize(
     ("bucket", "why"),

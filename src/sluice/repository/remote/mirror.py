@@ -9,7 +9,8 @@ Rules of this file:
 - An object's mirror path is its key below the repository prefix; a key that would leave the
   mirror (``..``, absolute, empty segments) is refused with its URL.
 - A listing with no objects is an error naming the URL (Triton: "directory or file does not
-  exist at ...").
+  exist at ...") until a refresh of this repository has worked once in this process; after
+  that it means every model was deleted, and the mirror empties (a poll unloads them).
 - One refresh at a time per repository. No wait for the store (connecting, the listing, the
   answer to a download, each piece of it) lasts longer than ``timeout_s`` (``Store``); a
   large download that keeps moving is not cut.
@@ -105,6 +106,7 @@ class RemoteRepository:
         self.parallel = max(1, parallel)
         self._lock = asyncio.Lock()
         self.last_error = ""
+        self.refreshed_once = False
         self.mirror.mkdir(parents=True, exist_ok=True)
 
     async def refresh(self) -> None:
@@ -119,6 +121,7 @@ class RemoteRepository:
                 self.last_error = str(exc)
                 raise
             self.last_error = ""
+            self.refreshed_once = True
             await asyncio.get_running_loop().run_in_executor(None, self.cache.evict)
 
     async def _refresh(self, counters: SchemeCounters) -> None:
@@ -145,7 +148,7 @@ class RemoteRepository:
                 obj.modified,
             )
             wanted[rel] = (obj, name)
-        if not wanted:
+        if not wanted and not self.refreshed_once:
             raise RepositoryError(
                 f"model repository {self.url.url}: directory or file does not exist (the "
                 "store lists no object under this path)"
