@@ -163,9 +163,14 @@ class RemoteRepository:
                 missing[name] = obj
         if missing:
             await self._download(missing, counters)
-        await asyncio.get_running_loop().run_in_executor(
-            None, self._sync_mirror, {rel: name for rel, (_o, name) in wanted.items()}
-        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._sync_mirror, {rel: name for rel, (_o, name) in wanted.items()}
+            )
+        except OSError as exc:  # a key that is both a file and a "directory", a full disk
+            raise RepositoryError(
+                f"model repository {self.url.url}: cannot update its mirror {self.mirror}: {exc}"
+            ) from None
 
     async def _download(self, missing: dict[str, ObjectInfo], counters: SchemeCounters) -> None:
         gate = asyncio.Semaphore(self.parallel)
@@ -173,11 +178,16 @@ class RemoteRepository:
 
         async def one(name: str, obj: ObjectInfo) -> None:
             async with gate:
-                tmp = self.cache.temp_file(name)
+                try:
+                    tmp = self.cache.temp_file(name)
+                except OSError as exc:
+                    raise self._cache_error(obj, exc) from None
                 try:
                     with open(tmp, "wb") as out:
                         await self.store.fetch(obj, out)
                     await loop.run_in_executor(None, self.cache.commit, name, tmp)
+                except OSError as exc:  # writing the cache (a full disk): not the store's fault
+                    raise self._cache_error(obj, exc) from None
                 finally:
                     tmp.unlink(missing_ok=True)  # gone already once committed
                 counters.download_bytes += obj.size
@@ -191,6 +201,12 @@ class RemoteRepository:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+
+    def _cache_error(self, obj: ObjectInfo, exc: OSError) -> RepositoryError:
+        return RepositoryError(
+            f"model repository {self.url.object_url(obj.key)}: cannot write it to the cache "
+            f"{self.cache.root}: {exc}"
+        )
 
     def _sync_mirror(self, wanted: dict[PurePosixPath, str]) -> None:
         """Make the mirror hold exactly ``wanted`` (relative path -> cache name)."""
