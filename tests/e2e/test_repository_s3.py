@@ -603,3 +603,25 @@ def test_per_version_load_sees_a_version_just_uploaded(
     assert code == 200, body
     assert infer_fp32(srv, "adder", 1.0, version="2")[1]["outputs"][0]["data"] == [3.0]
     assert infer_fp32(srv, "adder", 1.0, version="1")[1]["outputs"][0]["data"] == [2.0]
+
+
+def test_torchscript_model_served_from_s3(moto: Moto, start_server, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tests.e2e.test_backends_torchscript import NAMED_CFG, Named, model
+
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    model(src, "named", Named(), NAMED_CFG)
+    moto.upload(bucket, src)
+    srv = serve_s3(start_server, tmp_path, moto.url(bucket))
+    v = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+    s = np.array([[2], [10]], dtype=np.float32)
+    with httpclient.InferenceServerClient(srv.http) as client:
+        ins = [
+            httpclient.InferInput("values", [2, 3], "FP32"),
+            httpclient.InferInput("scale", [2, 1], "FP32"),
+        ]
+        ins[0].set_data_from_numpy(v)
+        ins[1].set_data_from_numpy(s)
+        out = client.infer("named", ins).as_numpy("OUTPUT__0")
+    np.testing.assert_allclose(out, v * s)
