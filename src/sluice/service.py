@@ -240,6 +240,11 @@ class InferenceService:
                 f"(--model-control-mode={mode}; use --model-control-mode=explicit)"
             )
 
+    async def refresh_repositories(self) -> None:
+        """Object-storage repositories: mirrors brought up to date before the index is read
+        (a failure is logged; the index then shows the last good listing)."""
+        await self.manager.refresh_remote_logged("repository index")
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.manager.index(ready_only)
 

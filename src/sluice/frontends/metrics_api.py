@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from ..core.cache import ResponseCache
 from ..core.registry import Registry
@@ -23,10 +24,12 @@ def metrics_app(
     cache: ResponseCache | None = None,
     cpu_metrics: bool = True,
     custom: CustomMetrics | None = None,
+    extra: Collector | None = None,
 ) -> Any:
-    """The metrics port's ASGI app: the server's families, then the python models' own
+    """The metrics port's ASGI app: the server's families (and ``extra``'s, e.g. the
+    object-store repositories' counters), then the python models' own
     (``pb_utils.MetricFamily``), as Triton lists them after its own."""
-    registry = build_registry(models, cache, cpu_metrics)
+    registry = build_registry(models, cache, cpu_metrics, extra)
     text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:
