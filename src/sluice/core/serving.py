@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.python.custom_metrics import CustomMetrics
 from ..errors import (
     Internal,
     InvalidArgument,
@@ -48,7 +49,6 @@ from ..errors import (
     Unsupported,
     bad_version,
 )
-from ..observability.custom_metrics import CustomMetrics
 from ..protocol.datatypes import numpy_to_kserve
 from ..types import InferRequest, InferResponse
 from .cache import ResponseCache

@@ -9,9 +9,9 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from ..backends.python.custom_metrics import CustomMetrics
 from ..core.cache import ResponseCache
 from ..core.registry import Registry
-from ..observability.custom_metrics import CustomMetrics
 from ..observability.metrics import build_registry, exposition
 
 __all__ = ["metrics_app"]
