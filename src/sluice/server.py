@@ -19,8 +19,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .config import GrpcEdge, ServerConfig
+from .config import GrpcEdge, RateLimit, ServerConfig
 from .core.cache import ResponseCache
+from .core.rate_limiter import RateLimiter
 from .core.registry import Registry
 from .core.serving import Serving
 from .errors import ServerError
@@ -44,7 +45,14 @@ def build(
     front-ends call, over one request path (``Serving``) and one response cache."""
     registry = Registry()
     cache = ResponseCache(config.cache_size_bytes) if config.cache_size_bytes else None
-    serving = Serving(registry, cache)
+    limiter = (
+        RateLimiter(config.rate_limit_resources)
+        if config.rate_limit == RateLimit.EXECUTION_COUNT
+        else None
+    )
+    serving = Serving(
+        registry, cache, limiter=limiter, honest_overload=config.overload_status == 429
+    )
     manager = ModelManager(config, registry, serving)
     return registry, manager, InferenceService(config, manager, registry, serving, logs)
 
@@ -134,7 +142,12 @@ class Server:
             await self._start_grpc()
         if cfg.allow_metrics:
             self._metrics, task, self.metrics_port = await start_http_server(
-                metrics_app(self.registry, self.service.serving.cache, cfg.allow_cpu_metrics),
+                metrics_app(
+                    self.registry,
+                    self.service.serving.cache,
+                    cfg.allow_cpu_metrics,
+                    self.service.serving.limiter,
+                ),
                 cfg.metrics_address,
                 cfg.metrics_port,
                 timeout_graceful_shutdown=1,

@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..core.cache import ResponseCache
+from ..core.rate_limiter import RateLimiter
 from ..core.registry import Registry
 from ..observability.metrics import build_registry, exposition
 
@@ -18,9 +19,12 @@ _Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def metrics_app(
-    models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+    models: Registry,
+    cache: ResponseCache | None = None,
+    cpu_metrics: bool = True,
+    limiter: RateLimiter | None = None,
 ) -> Any:
-    registry = build_registry(models, cache, cpu_metrics)
+    registry = build_registry(models, cache, cpu_metrics, limiter)
     text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:

@@ -2,7 +2,11 @@
 scrape time (the hot path records integers only; nothing here runs per request).
 
 Beyond Triton: latency histograms (``*_duration_histogram_us``) for whole-request, queue and
-compute time, so p99 can be computed server-side and aggregated across replicas.
+compute time, so p99 can be computed server-side and aggregated across replicas; per model
+``sluice_model_queue_compute_ratio`` (queue over compute time in the last minute, the
+autoscaling signal); with the rate limiter, ``sluice_rate_limiter_resource_count`` /
+``sluice_rate_limiter_resource_in_use`` per resource and device and
+``sluice_rate_limiter_waiting_instances`` per model (Triton exports nothing of its limiter).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..core.cache import ResponseCache
+from ..core.rate_limiter import RateLimiter
 from ..core.registry import Registry
 from ..core.stats import BUCKETS_US, Histogram, ModelStats
 
@@ -62,10 +67,15 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 class TritonCollector(Collector):
     def __init__(
-        self, models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+        self,
+        models: Registry,
+        cache: ResponseCache | None = None,
+        cpu_metrics: bool = True,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.models = models
         self.cache = cache
+        self.limiter = limiter
         self.cpu_metrics = cpu_metrics
         self._proc = psutil.Process()
         psutil.cpu_percent(interval=None)  # prime the utilisation counter
@@ -130,6 +140,10 @@ class TritonCollector(Collector):
             g.add_metric([], float(value))
             yield g
 
+    def _limiter_metrics(self) -> Iterator[Metric]:
+        if self.limiter is not None:
+            yield from _limiter_gauges(self.limiter)
+
     def collect(self) -> Iterator[Metric]:
         success = _counter(
             "nv_inference_request_success",
@@ -173,6 +187,13 @@ class TritonCollector(Collector):
         )
         load = GaugeMetricFamily(
             "nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS
+        )
+        ratio = GaugeMetricFamily(
+            "sluice_model_queue_compute_ratio",
+            "Queue time over compute (infer) time in the last minute: "
+            "rate(nv_inference_queue_duration_us[1m]) / "
+            "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)",
+            labels=_LABELS,
         )
         hists = {
             "request": HistogramMetricFamily(
@@ -218,6 +239,7 @@ class TritonCollector(Collector):
             )
             pending.add_metric(labels, st.pending)
             load.add_metric(labels, st.load_duration_secs)
+            ratio.add_metric(labels, st.queue_compute_ratio())
             for key, hist in (
                 ("request", st.request_hist),
                 ("queue", st.queue_hist),
@@ -236,9 +258,11 @@ class TritonCollector(Collector):
             cout_us,
             pending,
             load,
+            ratio,
             *hists.values(),
         )
         yield from self._cache_metrics()
+        yield from self._limiter_metrics()
         if self.cpu_metrics:
             util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
             util.add_metric([], psutil.cpu_percent(interval=None) / 100.0)
@@ -252,6 +276,34 @@ class TritonCollector(Collector):
             yield from (util, total, used)
 
 
+def _limiter_gauges(limiter: RateLimiter) -> Iterator[Metric]:
+    resources, waiting = limiter.snapshot()
+    labels = ["resource", "device"]
+    count = GaugeMetricFamily(
+        "sluice_rate_limiter_resource_count",
+        "How much of a rate-limiter resource there is (--rate-limit-resource, else the most "
+        'any instance asks for); device "global" for a global resource',
+        labels=labels,
+    )
+    in_use = GaugeMetricFamily(
+        "sluice_rate_limiter_resource_in_use",
+        "How much of a rate-limiter resource executing instances hold",
+        labels=labels,
+    )
+    for name, device, total, used in resources:
+        count.add_metric([name, device], total)
+        in_use.add_metric([name, device], used)
+    staged = GaugeMetricFamily(
+        "sluice_rate_limiter_waiting_instances",
+        "Instances of a model with a batch ready, waiting for the rate limiter to grant their "
+        "resources",
+        labels=_LABELS,
+    )
+    for (model, version), n in sorted(waiting.items()):
+        staged.add_metric([model, version], n)
+    yield from (count, in_use, staged)
+
+
 def _buckets(hist: Histogram) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     acc = 0
@@ -263,9 +315,13 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
 
 
 def build_registry(
-    models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+    models: Registry,
+    cache: ResponseCache | None = None,
+    cpu_metrics: bool = True,
+    limiter: RateLimiter | None = None,
 ) -> CollectorRegistry:
-    """The Prometheus registry of the models serving in ``models`` (and ``cache``)."""
+    """The Prometheus registry of the models serving in ``models`` (and ``cache``, and the
+    rate ``limiter``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(models, cache, cpu_metrics))
+    registry.register(TritonCollector(models, cache, cpu_metrics, limiter))
     return registry
