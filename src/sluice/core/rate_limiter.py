@@ -189,14 +189,23 @@ class RateLimiter:
             slot.on_grant = None
             self._attempt()
 
-    def release(self, slot: Slot, executed: bool = True) -> None:
+    def release(
+        self, slot: Slot, executed: bool = True, again: Callable[[], Any] | None = None
+    ) -> None:
         """``slot``'s execution ended (``executed``; or its grant went unused): its resources
-        are free again, and the next staged instance may take them."""
+        are free again, and the next staged instance may take them. ``again``: the instance
+        has more work; it is staged anew (with that callback) before the next grant, so it
+        competes for what it gave back, as in Triton."""
         if not slot.held:
             return
         if executed:
             slot.executions += 1
         self._give_back(slot)
+        if again is not None:
+            self._stage_seq += 1
+            slot.staged = self._stage_seq
+            slot.on_grant = again
+            self._staged.append(slot)
         self._attempt()
 
     def _give_back(self, slot: Slot) -> None:

@@ -293,9 +293,18 @@ class Scheduler:
             self._limiter.withdraw(self._slots[id(inst)])
 
     def _release(self, inst: ModelInstance) -> None:
-        """``inst``'s execution ended: its resources go back to the limiter."""
+        """``inst``'s execution ended: its resources go back to the limiter, and it waits
+        for them again at once if it has more work."""
         if self._limiter is not None:
-            self._limiter.release(self._slots[id(inst)])
+            again = self._on_grant if self._has_work(inst) else None
+            self._limiter.release(self._slots[id(inst)], again=again)
+
+    def _has_work(self, inst: ModelInstance) -> bool:
+        """Whether idle ``inst`` should wait for the limiter now: something is queued and no
+        other instance of this model waits already."""
+        if not (self._queued or self._delayed):
+            return False
+        return not any(self._slots[id(i)].staged for i in self._idle)
 
     def _start(self, jobs: list[Job], inst: ModelInstance) -> None:
         self._drained.add(len(jobs))
@@ -388,10 +397,12 @@ class Scheduler:
         finally:
             self._idle.append(inst)
             self._running -= 1
+        try:
+            if traced and self._trace_compute:
+                _trace_compute(jobs, start, time.monotonic_ns(), result)
+            self._finished(jobs, results)
+        finally:  # after _finished: the sequence batcher's sequences are free again
             self._release(inst)
-        if traced and self._trace_compute:
-            _trace_compute(jobs, start, time.monotonic_ns(), result)
-        self._finished(jobs, results)
         # The next batch first: its task is queued before the callers woken by _deliver, so
         # the instance starts on it while their responses are encoded and written (measured:
         # a BLS chain at c=8 over HTTP x1.11-1.19, add_sub at c=32 x1.01-1.06).

@@ -255,6 +255,11 @@ class SequenceScheduler(Scheduler):
         if wait_until:
             self._arm(wait_until)
 
+    def _has_work(self, inst: ModelInstance) -> bool:
+        return any(
+            s.instance is inst and s.pending and not s.running for s in self._sequences.values()
+        )
+
     def _batch_key(self, s: _Sequence) -> tuple[Any, ...]:
         job = s.pending[0]
         if self._states is None:
