@@ -27,6 +27,7 @@ __all__ = [
     "Overloaded",
     "VERSION_STRING_ERROR",
     "bad_version",
+    "restate",
 ]
 
 # Triton's phrase for a model version that is not an integer (gRPC model_version, HTTP path)
@@ -97,11 +98,22 @@ class Overloaded(Unavailable):
     longer than its queue timeout. UNAVAILABLE as in Triton, unless the server answers
     overload honestly (``--overload-status=429``): then RESOURCE_EXHAUSTED, and
     ``retry_after`` (whole seconds, at least 1) is the server's estimate of when the queue
-    will have room, sent as HTTP ``Retry-After``."""
+    will have room, sent as HTTP ``Retry-After``. Made like every ServerError from
+    ``(message, status)`` too (an ensemble re-raises its step's error so)."""
 
-    def __init__(self, message: str, retry_after: int, honest: bool = False) -> None:
-        super().__init__(message, Status.RESOURCE_EXHAUSTED if honest else None)
+    def __init__(self, message: str, status: Status | None = None, retry_after: int = 1) -> None:
+        super().__init__(message, status)
         self.retry_after = max(1, int(retry_after))
+
+
+def restate(exc: ServerError, message: str) -> ServerError:
+    """``exc`` told with ``message`` (its own text plus where it happened): the same class,
+    status and details (an overload's Retry-After estimate, say)."""
+    new = type(exc)(message, exc.status)
+    for key, value in vars(exc).items():
+        if key != "message":
+            setattr(new, key, value)
+    return new
 
 
 def bad_version(name: str, version: object) -> InvalidArgument:

@@ -9,7 +9,7 @@ import pytest
 from sluice.cli import parse_serve_args
 from sluice.core.rate_limiter import parse_resource_flag
 from sluice.core.stats import ModelStats
-from sluice.errors import Overloaded, Status
+from sluice.errors import Overloaded, Status, restate
 from sluice.frontends.errors import GRPC_CODES, HTTP_CODES, http_error_headers
 from sluice.scheduling.overload import MAX_S, WINDOW_S, DrainRate
 
@@ -58,14 +58,21 @@ def test_queue_compute_ratio_follows_nvidias_rule_over_the_last_minute() -> None
 def test_an_honest_overload_maps_to_429_with_retry_after_and_resource_exhausted() -> None:
     import grpc
 
-    honest = Overloaded("full", 7, honest=True)
+    honest = Overloaded("full", Status.RESOURCE_EXHAUSTED, retry_after=7)
     assert HTTP_CODES[honest.status] == 429
     assert GRPC_CODES[honest.status] is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert http_error_headers(honest) == [(b"retry-after", b"7")]
-    triton = Overloaded("full", 7)
+    triton = Overloaded("full", retry_after=7)
     assert triton.status is Status.UNAVAILABLE and HTTP_CODES[triton.status] == 503
     assert http_error_headers(triton) == []
-    assert Overloaded("x", 0, honest=True).retry_after == 1
+    assert Overloaded("x", Status.RESOURCE_EXHAUSTED, retry_after=0).retry_after == 1
+    # an ensemble's step overloaded: the ensemble says where, status and estimate kept
+    again = restate(honest, f"{honest} (in ensemble 'e', step 0)")
+    assert isinstance(again, Overloaded) and str(again) == "full (in ensemble 'e', step 0)"
+    assert again.status is Status.RESOURCE_EXHAUSTED
+    assert http_error_headers(again) == [(b"retry-after", b"7")]
+    # made from (message, status) like every ServerError
+    assert type(honest)("x", honest.status).retry_after == 1
 
 
 def test_the_flags_parse_into_the_config() -> None:

@@ -32,7 +32,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..backends.base import ExecuteResult, ModelInstance
 from ..core.rate_limiter import RateLimiter, Slot
 from ..core.stats import ModelStats
-from ..errors import Internal, InvalidArgument, Overloaded, ServerError
+from ..errors import Internal, InvalidArgument, Overloaded, ServerError, Status
 from ..host.timer import DeadlineTimer
 from ..types import InferRequest, InferResponse
 from .overload import DrainRate
@@ -86,7 +86,8 @@ class Scheduler:
                     f"state: Invalid argument: {exc}"
                 ) from None
             self._slots = {id(i): s for i, s in zip(instances, slots, strict=True)}
-        self._honest = honest_overload
+        # the status of a full queue or queue timeout: Triton's UNAVAILABLE, or honestly
+        self._overload = Status.RESOURCE_EXHAUSTED if honest_overload else None
         self._drained = DrainRate()
         db = config.dynamic_batching if config.HasField("dynamic_batching") else None
         max_batch = config.max_batch_size
@@ -148,8 +149,8 @@ class Scheduler:
                 f"Exceeds maximum queue size: model '{self.model}' version {self.version} "
                 f"already has {qp.max_queue_size} request(s) queued at priority level "
                 f"{level + 1} (max_queue_size {qp.max_queue_size})",
-                self._drained.retry_after(len(self._queues[level])),
-                self._honest,
+                self._overload,
+                retry_after=self._drained.retry_after(len(self._queues[level])),
             )
         now = time.monotonic_ns()
         timeout_ns = qp.timeout_ns
@@ -350,8 +351,8 @@ class Scheduler:
                             Overloaded(
                                 f"Request timeout expired: model '{self.model}' version {self.version} "
                                 "did not start the request within its queue timeout",
-                                self._drained.retry_after(len(q)),
-                                self._honest,
+                                self._overload,
+                                retry_after=self._drained.retry_after(len(q)),
                             )
                         )
                     self._maybe_idle()
