@@ -30,6 +30,8 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
 - A request must have batch size 1 (Triton: "inference request to model 'm' must specify
   batch-size 1 due to requirements of sequence batcher").
 - Requests batch together only when their non-batch input shapes (and state shapes) match.
+- With the rate limiter, an instance with a ready batch asks for its resources and starts
+  it once they are granted (each instance waits on its own: its sequences are bound to it).
 - Implicit state (``state [...]``) lives in ``state.py``: fed to each request as it is
   dispatched, kept from its response as it is delivered, held on the sequence (so END and
   idle release drop it). Models without states pay nothing for it.
@@ -48,6 +50,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
+from ..core.rate_limiter import RateLimiter
 from ..core.stats import ModelStats
 from ..errors import InvalidArgument, WorkerLost
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
@@ -88,8 +91,19 @@ class SequenceScheduler(Scheduler):
         instances: list[ModelInstance],
         stats: ModelStats,
         model_dir: Path | None = None,
+        *,
+        limiter: RateLimiter | None = None,
+        honest_overload: bool = False,
     ) -> None:
-        super().__init__(model, version, config, instances, stats)
+        super().__init__(
+            model,
+            version,
+            config,
+            instances,
+            stats,
+            limiter=limiter,
+            honest_overload=honest_overload,
+        )
         sb = config.sequence_batching
         self._states = implicit_state(config, model_dir, model, version)
         self._max_batch = max(config.max_batch_size, 1)
@@ -216,6 +230,8 @@ class SequenceScheduler(Scheduler):
                 if now < due:
                     wait_until = due if not wait_until else min(wait_until, due)
                     continue
+            if not self._may_start(inst):  # the rate limiter calls back when it may
+                continue
             jobs = []
             states = self._states
             for s in chosen:
@@ -231,12 +247,18 @@ class SequenceScheduler(Scheduler):
                     states.feed(s.state, job.request)
             self._queued -= len(jobs)
             self._idle.remove(inst)
+            self._drained.add(len(jobs))
             self._running += 1
             task = self._loop.create_task(self._run(inst, jobs, None))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if wait_until:
             self._arm(wait_until)
+
+    def _has_work(self, inst: ModelInstance) -> bool:
+        return any(
+            s.instance is inst and s.pending and not s.running for s in self._sequences.values()
+        )
 
     def _batch_key(self, s: _Sequence) -> tuple[Any, ...]:
         job = s.pending[0]
