@@ -7,6 +7,10 @@ Rules of this file:
   the next batching deadline or queue timeout. There is no polling loop.
 - An instance runs one batch at a time; N instances run N batches concurrently.
 - A full queue and an expired timeout refuse the request at once with Unavailable.
+- A request the model released to run again (``RESCHEDULED`` in its slot) goes back to
+  the queue only where the scheduler handles it (the sequence batcher's iterative
+  sequences); elsewhere it is answered with the error Triton logs for it (Triton leaves the
+  client waiting).
 - ``drain()`` waits until nothing is queued or running (used before an unload), and then
   for the instances that stream after ``execute`` returns (decoupled python models: they
   have ``drain()`` and ``fail_streams(error)``) to close their streams.
@@ -22,18 +26,24 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ExecuteResult, ModelInstance
+from ..backends.base import ExecuteResult, ModelInstance, Rescheduled
 from ..core.stats import ModelStats
 from ..errors import Internal, ServerError, Unavailable
 from ..host.timer import DeadlineTimer
 from ..types import InferRequest, InferResponse
 from .policy import BatchPolicy, Job, take_batch
 
-__all__ = ["Scheduler", "QueuePolicy"]
+__all__ = ["Scheduler", "QueuePolicy", "RESCHEDULE_REFUSED"]
 
 log = logging.getLogger("sluice.scheduler")
 
 _REJECT = mc.ModelQueuePolicy.REJECT
+# Triton's text for a request released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE by a model
+# whose scheduler does not reschedule (no sequence_batching { iterative_sequence: true })
+RESCHEDULE_REFUSED = (
+    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+    "configured to handle such a flag."
+)
 
 
 class QueuePolicy:
@@ -270,7 +280,7 @@ class Scheduler:
         result: ExecuteResult | None = None
         try:
             result = await inst.execute([job.request for job in jobs])
-            results = result.results
+            results = result.results  # type: ignore[assignment]  # a list, always
             if len(results) != len(jobs):
                 raise Internal(
                     f"model '{self.model}' returned {len(results)} responses for "
@@ -293,6 +303,8 @@ class Scheduler:
             self._running -= 1
         if traced and self._trace_compute:
             _trace_compute(jobs, start, time.monotonic_ns(), result)
+        if result is not None and result.rescheduled:
+            jobs, results = self._reschedule(jobs, results)
         self._finished(jobs, results)
         # The next batch first: its task is queued before the callers woken by _deliver, so
         # the instance starts on it while their responses are encoded and written (measured:
@@ -309,6 +321,19 @@ class Scheduler:
                     done_jobs, done_results = order.popleft()
                     self._deliver(done_jobs, done_results)
         self._maybe_idle()
+
+    def _reschedule(self, jobs: list[Job], results: list[Any]) -> tuple[list[Job], list[Any]]:
+        """The batch's jobs still to answer, with their results, once those the model
+        released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE are queued again. Here none
+        can be: each is answered with Triton's error (only iterative sequences reschedule)."""
+        log.error(
+            "model '%s' version %s: Failed to release request: %s",
+            self.model,
+            self.version,
+            RESCHEDULE_REFUSED,
+        )
+        refused = Internal(RESCHEDULE_REFUSED)
+        return jobs, [refused if type(r) is Rescheduled else r for r in results]
 
     def _finished(self, jobs: list[Job], results: list[Any]) -> None:
         """What a subclass records about a finished batch before the next dispatch (the

@@ -38,6 +38,7 @@ __all__ = [
     "encode",
     "decode",
     "OK",
+    "RESCHEDULED",
 ]
 
 # (name, KServe datatype, shape, offset in arena, nbytes). BYTES data is Triton's
@@ -49,6 +50,9 @@ RequestRef = tuple[str, tuple[TensorRef, ...], tuple[str, ...], str]
 # error message and the code is a pb_utils.TritonError code.
 ResultRef = tuple[int, Any]
 OK = -1
+# code RESCHEDULED: the model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+# and gave no response for it (payload None): the scheduler executes it again.
+RESCHEDULED = -2
 # Tensors of the side channel (decoupled responses, BLS calls and replies), which may be in
 # flight several at a time: (segment, refs, inline). Small tensors ride in ``inline`` (refs
 # are offsets into it); larger ones are in a one-shot segment named ``segment`` that the

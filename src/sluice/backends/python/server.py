@@ -46,12 +46,20 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...errors import InvalidArgument, NotFound, ServerError, Status
 from ...protocol.config_json import config_to_json_dict
 from ...types import InferRequest, InferResponse
-from ..base import ExecuteResult, ModelInstance, ModelSpec, register_backend
+from ..base import (
+    RESCHEDULED,
+    ExecuteResult,
+    ModelInstance,
+    ModelSpec,
+    Rescheduled,
+    register_backend,
+)
 from ..batching import instance_names
 from .bls import BlsCalls
 from .environments import ENV_PATH_PARAM, EnvError, ExecutionEnv
 from .environments import prepare as prepare_env
 from .messages import OK, Cancel, Execute, RequestRef, Respond, WorkerSetup
+from .messages import RESCHEDULED as RESCHEDULED_CODE
 from .pool import WorkerClient, run_auto_complete
 from .settings import PythonSettings, check_model_parameters, python_settings
 from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
@@ -352,10 +360,15 @@ class PythonInstance:
             self._outputs.attach(reply.arena)
         copy = self._outputs.copy
         model_name, version = self.spec.name, self._model_version
-        results: list[InferResponse | ServerError] = []
+        results: list[InferResponse | ServerError | Rescheduled] = []
         params = reply.parameters
+        rescheduled = False
         for i, (r, (code, payload)) in enumerate(zip(requests, reply.results, strict=True)):
             if code != OK:
+                if code == RESCHEDULED_CODE:
+                    results.append(RESCHEDULED)
+                    rescheduled = True
+                    continue
                 results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
                 continue
             outputs = {}
@@ -373,6 +386,7 @@ class PythonInstance:
             compute_input_ns=(t1 - t0) + reply.compute_input_ns,
             compute_infer_ns=reply.compute_infer_ns,
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
+            rescheduled=rescheduled,
         )
 
     # ---- decoupled responses and BLS calls from the worker ----------------------------
@@ -416,9 +430,16 @@ class PythonInstance:
     def _decoupled_result(
         self, exec_id: int, requests: list[InferRequest], reply: Any, prep_ns: int
     ) -> ExecuteResult:
-        results: list[InferResponse | ServerError] = []
+        results: list[InferResponse | ServerError | Rescheduled] = []
+        rescheduled = False
         for i, (r, (code, payload)) in enumerate(zip(requests, reply.results, strict=True)):
-            if code != OK:
+            if code == RESCHEDULED_CODE:
+                # back to the scheduler: the next execution opens its stream again (what
+                # this execution sent has been delivered: the worker's pipe keeps order)
+                self._streams.pop((exec_id, i), None)
+                results.append(RESCHEDULED)
+                rescheduled = True
+            elif code != OK:
                 self._streams.pop((exec_id, i), None)
                 results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
             else:  # resolves the scheduler's future; the stream goes on in r.responses
@@ -428,6 +449,7 @@ class PythonInstance:
             results,
             compute_input_ns=prep_ns + reply.compute_input_ns,
             compute_infer_ns=reply.compute_infer_ns,
+            rescheduled=rescheduled,
         )
 
     def _on_message(self, msg: Any) -> None:

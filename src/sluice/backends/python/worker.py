@@ -30,6 +30,7 @@ from typing import Any
 from ...host.gcsettings import tune_gc
 from .messages import (
     OK,
+    RESCHEDULED,
     AutoCompleteReply,
     Execute,
     ExecuteReply,
@@ -47,6 +48,7 @@ from .runtime import Channel, Runtime
 
 __all__ = ["worker_main", "load_pb_utils", "format_failure"]
 
+_RESCHEDULE = 2  # pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 _PB_UTILS_FILE = Path(__file__).resolve().parent / "pb_utils.py"
 
 
@@ -281,13 +283,17 @@ class _Worker:
         t2 = clock()
         if self.decoupled and failed is None:
             # responses went (or will go) through the senders; execute() returns None
-            return ExecuteReply(msg.id, "", ((OK, ()),) * n, t1 - t0, t2 - t1, 0)
+            ok = (OK, ())
+            again = (RESCHEDULED, None)
+            flags = [r._release_flags for r in requests]
+            done = tuple(again if f == _RESCHEDULE else ok for f in flags)
+            return ExecuteReply(msg.id, "", done, t1 - t0, t2 - t1, 0)
         held = self.runtime.held
         if responses is None and held and failed is None:
             # a non-decoupled model that answered through its response senders
             responses = [held.pop((msg.id, i), None) for i in range(n)]
         if failed is None:
-            failed = _response_list_error(responses, n)
+            failed = _response_list_error(responses, n) or _rescheduled_error(requests, responses)
         if failed is not None:
             err = (pb.TritonError.INTERNAL, failed)
             return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, 0)
@@ -354,6 +360,10 @@ class _Worker:
         resp_params: list[str] = []
         for req, resp in zip(requests, responses, strict=True):
             if not isinstance(resp, pb.InferenceResponse):
+                if resp is None and req._release_flags == _RESCHEDULE:
+                    results.append((RESCHEDULED, None))
+                    counts.append(-1)
+                    continue
                 results.append(
                     (
                         pb.TritonError.INTERNAL,
@@ -390,6 +400,19 @@ class _Worker:
                     resp_params = ["{}"] * n
                 resp_params[len(counts) - 1] = resp._parameters
         return results, counts, to_write, resp_params
+
+
+def _rescheduled_error(requests: list[Any], responses: Sequence[Any]) -> str | None:
+    """Triton's text (its typo included) when a request released with
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE has a response in execute()'s list: it must be
+    None there. It fails the whole batch, as in Triton."""
+    for req, resp in zip(requests, responses, strict=True):
+        if resp is not None and req._release_flags == _RESCHEDULE:
+            return (
+                "Expected a None object in the execute function return list for reschduled"
+                f" request, found type '{type(resp)}'."
+            )
+    return None
 
 
 def _response_list_error(responses: Any, n: int) -> str | None:
