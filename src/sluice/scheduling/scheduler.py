@@ -349,6 +349,11 @@ class Scheduler:
                     fut.set_result(res)
         self.stats.pending -= len(jobs)
 
+    @property
+    def instances(self) -> tuple[ModelInstance, ...]:
+        """The instances this scheduler runs batches on (readiness asks them)."""
+        return tuple(self._instances)
+
     # ------------------------------------------------------------------- drain
     @property
     def in_flight(self) -> int:

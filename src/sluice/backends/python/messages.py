@@ -39,6 +39,8 @@ __all__ = [
     "decode",
     "OK",
     "RESCHEDULED",
+    "ReadyCheck",
+    "ReadyAnswer",
 ]
 
 # (name, KServe datatype, shape, offset in arena, nbytes). BYTES data is Triton's
@@ -124,6 +126,23 @@ class Cancel:
 class Ready:
     id: int
     pid: int
+    has_is_ready: bool = False  # the model defines is_ready(): readiness asks it
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyCheck:
+    """Parent -> worker: call the model's ``is_ready()`` (only sent when it defines one).
+    Answered by ``ReadyAnswer`` with the same id, from the worker's readiness thread, so
+    an execution in progress does not hold it up."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyAnswer:
+    id: int
+    ready: bool
+    error: str  # "" = is_ready() returned a bool; else why it failed (then not ready)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +216,8 @@ Message = (
     | BlsCall
     | BlsReply
     | Cancel
+    | ReadyCheck
+    | ReadyAnswer
 )
 
 _TAGS: dict[type, int] = {
@@ -211,6 +232,8 @@ _TAGS: dict[type, int] = {
     BlsCall: 9,
     BlsReply: 10,
     Cancel: 11,
+    ReadyCheck: 30,  # (apart from the numbers other messages take next)
+    ReadyAnswer: 31,
 }
 _CLASSES: dict[int, type] = {v: k for k, v in _TAGS.items()}
 _dumps = pickle.dumps

@@ -7,6 +7,10 @@ Rules of this file:
   are set before numpy (and so OpenBLAS / OpenMP) is first imported.
 - A model's failure never kills the loop: an exception in ``execute`` becomes an error for
   every request of that batch; a bad response becomes an error for its request.
+- A model's ``is_ready()`` runs on a thread of its own (started only for models that define
+  it), so a readiness check is answered while ``execute`` runs, as in Triton's stub. Its
+  answer must be a bool (``async def`` too); anything else, or an exception, is not ready,
+  with why.
 - The loop ends on ``Stop`` (after ``finalize``) or when the server's end of the pipe closes
   (the server died): then the worker removes its shared-memory segments and exits.
 """
@@ -36,6 +40,7 @@ from .messages import (
     ExecuteReply,
     InitFailed,
     Ready,
+    ReadyAnswer,
     ResultRef,
     Stop,
     Stopped,
@@ -199,7 +204,14 @@ class _Worker:
             self._cleanup()
             return
         tune_gc()  # the model as initialized is frozen; requests collect less often
-        self.channel.send(Ready(0, os.getpid()))
+        has_is_ready = callable(getattr(self.model, "is_ready", None))
+        self.channel.send(Ready(0, os.getpid(), has_is_ready))
+        if has_is_ready:
+            import threading
+
+            threading.Thread(
+                target=self._readiness_loop, name="sluice-is-ready", daemon=True
+            ).start()
         try:
             self._loop()
         finally:
@@ -226,6 +238,36 @@ class _Worker:
             elif type(msg) is Stop:
                 self._finalize()
                 send(Stopped(msg.id))
+                return
+
+    def _readiness_loop(self) -> None:
+        """Answer the server's readiness checks with the model's ``is_ready()``."""
+        loop: Any = None  # an event loop for ``async def is_ready``, this thread's own
+        while True:
+            try:
+                check = self.channel.next_check()
+            except EOFError:
+                return
+            ready, error = False, ""
+            try:
+                result = self.model.is_ready()
+                if inspect.isawaitable(result):
+                    if loop is None:
+                        import asyncio
+
+                        loop = asyncio.new_event_loop()
+                    result = loop.run_until_complete(result)
+                if type(result) is bool:
+                    ready = result
+                else:
+                    error = "is_ready() must return a boolean value"
+            except Exception as exc:
+                error = format_failure(exc, self.setup.model_file)
+            if error:
+                print(f"model '{self.setup.model_name}' is_ready(): {error}", file=sys.stderr)
+            try:
+                self.channel.send(ReadyAnswer(check.id, ready, error))
+            except OSError:
                 return
 
     def _call_execute(self, requests: list[Any]) -> Any:
