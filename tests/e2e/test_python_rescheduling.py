@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import error_text, grpc_client, grpc_status, http_client, post
+from tests.e2e.helpers import (
+    error_text,
+    grpc_client,
+    grpc_status,
+    http_client,
+    pending,
+    post,
+    wait_until,
+)
 from tests.zoo import write_model
 
 pytestmark = pytest.mark.grpc
@@ -353,3 +362,22 @@ def test_set_release_flags_refuses_what_is_no_uint32(srv) -> None:
         "set_release_flags(): flags must be an unsigned 32-bit integer such as "
         "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, got -1"
     )
+
+
+def test_a_closed_stream_stops_the_rescheduling(srv) -> None:
+    """A request rescheduled for ever (IN far beyond what is read) is let go once its
+    client closes the stream: nothing stays pending and the executions stop."""
+    got: queue.Queue[Any] = queue.Queue()
+    client = grpc_client(srv)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("countdown", _in(grpcclient, 1_000_000), request_id="long")
+    for _ in range(3):
+        result, error = got.get(timeout=30)
+        assert error is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    wait_until(lambda: pending(srv, "countdown") == 0, what="the request to be let go")
+    executions = _stats(srv, "countdown")["execution_count"]
+    # still the same a while later (a few executions take well under this on this machine)
+    time.sleep(0.5)
+    assert _stats(srv, "countdown")["execution_count"] == executions

@@ -34,7 +34,8 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
   request without a correlation id gets one of its own (1, 2, ... per model version) and
   START; a model may release it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (python
   models), which queues it again in its sequence (same instance, same correlation id,
-  START and END cleared: the model sees flags 0) until an execution answers it. Each
+  START and END cleared: the model sees flags 0) until an execution answers it, or its
+  client goes away (then it is released, not executed again). Each
   execution counts as a success in the statistics (inference and execution counts too);
   each request's final release ends its sequence, which Triton does with an internal
   cancelled request that counts one failed inference (reason CANCELED): counted here too,
@@ -58,7 +59,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance, Rescheduled
 from ..core.stats import ModelStats
-from ..errors import InvalidArgument, WorkerLost
+from ..errors import InvalidArgument, ServerError, Status, WorkerLost
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..types import InferRequest, InferResponse
 from .policy import Job, window_start
@@ -70,6 +71,7 @@ __all__ = ["SequenceScheduler"]
 _SB = mc.ModelSequenceBatching
 _DEFAULT_IDLE_US = 1_000_000
 _STRING_CORRID_TYPES = {mc.TYPE_STRING}
+_GONE = "the request was cancelled: its client went away"
 
 
 @dataclass(slots=True, eq=False)
@@ -277,6 +279,12 @@ class SequenceScheduler(Scheduler):
             if type(res) is not Rescheduled or s is None or self._sequences.get(s.corr) is not s:
                 keep_jobs.append(job)
                 keep_results.append(res)
+                continue
+            if job.future.done() or job.request.cancelled:
+                # its client went away (call cancelled, stream closed): not run again, so
+                # a model that would reschedule it for ever lets it go
+                keep_jobs.append(job)
+                keep_results.append(ServerError(_GONE, Status.CANCELLED))
                 continue
             # this execution counts as a success (Triton's backend reports each one)
             self.stats.record_success(now - (job.arrival_ns or job.enqueue_ns))
