@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from .config import ControlMode, GrpcEdge, ServerConfig
 
@@ -69,7 +68,37 @@ def _add_repository_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="PATH",
-        help="model repository path (repeatable)",
+        help="model repository: a directory, or s3://, gs://, as:// as Triton writes them "
+        "(repeatable; docs/object-storage.md)",
+    )
+    p.add_argument(
+        "--repository-cache-dir",
+        default="",
+        metavar="DIR",
+        help="object-storage repositories: where downloaded objects are cached and mirrored "
+        "(default: <system temp dir>/sluice-repository-cache-<uid>)",
+    )
+    p.add_argument(
+        "--repository-cache-size",
+        type=_size,
+        default=0,
+        metavar="BYTES",
+        help="object-storage repositories: the most the object cache keeps (least recently "
+        "used evicted first; files serving models never are; 0 = no limit)",
+    )
+    p.add_argument(
+        "--repository-timeout-secs",
+        type=float,
+        default=30.0,
+        help="object-storage repositories: the most any wait for the store may take "
+        "(connecting, listing, a download's answer and each piece of it)",
+    )
+    p.add_argument(
+        "--repository-download-parallel",
+        type=int,
+        default=8,
+        metavar="N",
+        help="object-storage repositories: downloads in flight at once per repository",
     )
     p.add_argument(
         "--model-control-mode",
@@ -511,8 +540,25 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
             f"SLUICE_GRPC_EDGE / --grpc-edge: expected one of {', '.join(GrpcEdge.ALL)}, "
             f"got '{ns.grpc_edge}'"
         )
+    from .errors import ServerError
+    from .repository.remote import default_cache_dir, plan_repositories
+
+    cache_dir = ns.repository_cache_dir or default_cache_dir()
+    try:
+        repositories, remotes = plan_repositories(ns.model_repository, cache_dir, os.environ)
+    except ServerError as exc:
+        parser.error(f"--model-repository: {exc}")
+    if ns.repository_timeout_secs <= 0:
+        parser.error("--repository-timeout-secs must be > 0")
+    if ns.repository_download_parallel < 1:
+        parser.error("--repository-download-parallel must be >= 1")
     return ServerConfig(
-        model_repositories=tuple(Path(p) for p in ns.model_repository),
+        model_repositories=repositories,
+        remote_repositories=remotes,
+        repository_cache_dir=cache_dir,
+        repository_cache_size=ns.repository_cache_size,
+        repository_timeout_secs=ns.repository_timeout_secs,
+        repository_download_parallel=ns.repository_download_parallel,
         control_mode=ns.model_control_mode,
         load_models=loads,
         model_control_state=ns.model_control_state,

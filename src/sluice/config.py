@@ -71,7 +71,17 @@ class GrpcEdge:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
+    # local directories and, in their place among them, the mirrors of remote repositories
     model_repositories: tuple[Path, ...] = ()
+    # (s3:// gs:// as:// URL as given, its mirror directory): repository/remote/
+    remote_repositories: tuple[tuple[str, Path], ...] = ()
+    # --repository-cache-dir / --repository-cache-size (bytes, 0 = no limit): the object cache
+    repository_cache_dir: str = ""
+    repository_cache_size: int = 0
+    # --repository-timeout-secs: the most any wait for an object store may take
+    repository_timeout_secs: float = 30.0
+    # --repository-download-parallel: downloads in flight at once per repository
+    repository_download_parallel: int = 8
     control_mode: str = ControlMode.NONE
     load_models: tuple[str, ...] = ()
     # --model-control-state: the file recording loaded models, versions, overrides and traffic

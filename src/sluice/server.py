@@ -45,7 +45,21 @@ def build(
     registry = Registry()
     cache = ResponseCache(config.cache_size_bytes) if config.cache_size_bytes else None
     serving = Serving(registry, cache)
-    manager = ModelManager(config, registry, serving)
+    remotes = None
+    if config.remote_repositories:
+        from .repository.remote import RemoteRepositories
+
+        # credentials come from the environment here, as Triton reads them; they are
+        # never put in ServerConfig
+        remotes = RemoteRepositories(
+            config.remote_repositories,
+            config.repository_cache_dir,
+            config.repository_cache_size,
+            config.repository_timeout_secs,
+            config.repository_download_parallel,
+            os.environ,
+        )
+    manager = ModelManager(config, registry, serving, remotes)
     return registry, manager, InferenceService(config, manager, registry, serving, logs)
 
 
@@ -63,6 +77,8 @@ class Server:
         self.metrics_port = config.metrics_port
         # restricted APIs, API keys, audit log; None when none is configured
         self.policy = build_policy(config)
+        if self.policy is not None:  # python models' load_model / unload_model are audited
+            self.service.serving.model_control.audit = self.policy.audit
 
     def reload_keys(self) -> None:
         """SIGHUP: re-read --api-keys-file; a bad file keeps the keys in force."""
@@ -134,7 +150,13 @@ class Server:
             await self._start_grpc()
         if cfg.allow_metrics:
             self._metrics, task, self.metrics_port = await start_http_server(
-                metrics_app(self.registry, self.service.serving.cache, cfg.allow_cpu_metrics),
+                metrics_app(
+                    self.registry,
+                    self.service.serving.cache,
+                    cfg.allow_cpu_metrics,
+                    self.service.serving.custom_metrics,
+                    self._repository_collector(),
+                ),
                 cfg.metrics_address,
                 cfg.metrics_port,
                 timeout_graceful_shutdown=1,
@@ -142,6 +164,15 @@ class Server:
             self._tasks.append(task)
         if not (cfg.allow_grpc and cfg.traffic_follows_readiness):
             self._announce()
+
+    def _repository_collector(self) -> Any:
+        """The object-storage repositories' counters for the metrics port (None without)."""
+        remotes = self.manager.remotes
+        if not remotes:
+            return None
+        from .repository.remote.metrics import RepositoryCollector
+
+        return RepositoryCollector(remotes.counters)
 
     def _announce(self) -> None:
         """Triton's "Started ..." lines and the port file, once every front-end listens."""
@@ -164,6 +195,15 @@ class Server:
             write_port_file(cfg.port_file, {k: v[3] if v[0] else None for k, v in bound.items()})
 
     async def serve(self) -> int:
+        # object-storage repositories: the first listing and download fill their mirrors; a
+        # failure stops the start as a missing directory does (unless --exit-on-error=false:
+        # the models of the others serve, and a later load or poll tries again)
+        refreshed = await self.manager.refresh_remote_logged("start")
+        if not refreshed and self.config.exit_on_error:
+            raise ServerError(
+                "cannot read a model repository in object storage (above); "
+                "pass --exit-on-error=false to serve the others"
+            )
         for repo in self.config.model_repositories:
             if not repo.is_dir():
                 raise ServerError(f"--model-repository {repo}: no such directory")

@@ -15,6 +15,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import __version__
+from .backends.python.model_control import ModelController
 from .config import ControlMode, ServerConfig
 from .core.registry import Registry, ServingVersion, TensorInfo
 from .core.serving import Serving
@@ -66,6 +67,8 @@ class InferenceService:
         # the settings that the server's log handler filters with (logging extension)
         self.logs = logs or LogSettings(log_verbose_level=config.log_verbose)
         self.serving = serving
+        # pb_utils.load_model / unload_model / is_model_ready in python models: this API
+        serving.model_control = ModelController(self)
         # --model-control-state: recorded after every control call, restored at start
         self.control_state = (
             ControlState(Path(config.model_control_state), manager, registry)
@@ -261,6 +264,11 @@ class InferenceService:
                 "explicit model load / unload is not allowed if polling is enabled "
                 f"(--model-control-mode={mode}; use --model-control-mode=explicit)"
             )
+
+    async def refresh_repositories(self) -> None:
+        """Object-storage repositories: mirrors brought up to date before the index is read
+        (a failure is logged; the index then shows the last good listing)."""
+        await self.manager.refresh_remote_logged("repository index")
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.manager.index(ready_only)

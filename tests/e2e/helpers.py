@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import gevent
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -84,7 +85,10 @@ def wait_until(
     while time.monotonic() < deadline:
         if pred():
             return
-        time.sleep(interval)
+        # tritonclient.http's async_infer runs its requests in gevent greenlets, which only
+        # run while the hub has control: gevent.sleep gives it control (time.sleep would not,
+        # and a request started just before this wait would never be sent)
+        gevent.sleep(interval)
     seen = f" (last seen: {describe()})" if describe is not None else ""
     raise AssertionError(f"timed out after {timeout}s waiting for {what}{seen}")
 

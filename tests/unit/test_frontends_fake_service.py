@@ -124,6 +124,9 @@ class ToyService(InferenceService):
     ) -> AsyncIterator[InferResponse]:
         yield await self.infer(request)
 
+    async def refresh_repositories(self) -> None:
+        return None
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = [
             {"name": n, "version": "1", "state": s, "reason": ""} for n, s in self.models.items()

@@ -26,6 +26,11 @@ TRITON_MODULE_NAMES = [
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
     "TRITONSERVER_REQUEST_RELEASE_ALL",
     "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    # the C extension's names it re-exports: custom metrics, the model loading API
+    "MetricFamily",
+    "load_model",
+    "unload_model",
+    "is_model_ready",
 ]
 # ... and the public methods of its ModelConfig
 TRITON_MODEL_CONFIG_METHODS = [

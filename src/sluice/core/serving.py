@@ -52,6 +52,7 @@ from ..errors import (
     Unsupported,
     bad_version,
 )
+from ..observability.custom_metrics import CustomMetrics
 from ..protocol.datatypes import numpy_to_kserve
 from ..types import InferRequest, InferResponse
 from .cache import ResponseCache
@@ -89,6 +90,11 @@ class Serving:
         # layout hashes by identity, and the key keeps it alive (no id is ever reused here)
         self._checked: dict[object, tuple[ServingVersion, int, tuple[Any, ...]]] = {}
         self.cache = cache  # the response cache, for the versions that enable it
+        # what python models reach through it: their custom metric families (shown on the
+        # metrics port) and the model loading API (backends/python/model_control.py, set
+        # by InferenceService)
+        self.custom_metrics = CustomMetrics()
+        self.model_control: Any = None
 
     # -------------------------------------------------------------- readiness
     async def versions_ready(self, versions: list[ServingVersion]) -> bool:

@@ -355,6 +355,7 @@ class GrpcHandlers:
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest
     ) -> pb.RepositoryIndexResponse:
+        await self.service.refresh_repositories()
         return codec.repository_index_response(
             self.service.repository_index(ready_only=request.ready)
         )

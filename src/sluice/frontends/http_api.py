@@ -500,6 +500,7 @@ class HttpFrontend:
         ready = doc.get("ready", False)
         if type(ready) is not bool:
             raise InvalidArgument("the repository index request field 'ready' must be a boolean")
+        await self.service.refresh_repositories()
         return _json(_index_rows(self.service.repository_index(ready_only=ready)))
 
     async def _load(

@@ -7,9 +7,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from ..core.cache import ResponseCache
 from ..core.registry import Registry
+from ..observability.custom_metrics import CustomMetrics
 from ..observability.metrics import build_registry, exposition
 
 __all__ = ["metrics_app"]
@@ -18,9 +20,16 @@ _Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def metrics_app(
-    models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+    models: Registry,
+    cache: ResponseCache | None = None,
+    cpu_metrics: bool = True,
+    custom: CustomMetrics | None = None,
+    extra: Collector | None = None,
 ) -> Any:
-    registry = build_registry(models, cache, cpu_metrics)
+    """The metrics port's ASGI app: the server's families (and ``extra``'s, e.g. the
+    object-store repositories' counters), then the python models' own
+    (``pb_utils.MetricFamily``), as Triton lists them after its own."""
+    registry = build_registry(models, cache, cpu_metrics, extra)
     text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:
@@ -31,7 +40,10 @@ def metrics_app(
         elif scope["method"] not in ("GET", "HEAD"):
             status, headers, body = 405, [(b"allow", b"GET, HEAD")], b""
         else:
-            status, headers, body = 200, text_headers, exposition(registry)
+            body = exposition(registry)
+            if custom is not None:
+                body += custom.render().encode()
+            status, headers = 200, text_headers
             if scope["method"] == "HEAD":
                 body = b""
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -268,9 +268,15 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
 
 
 def build_registry(
-    models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+    models: Registry,
+    cache: ResponseCache | None = None,
+    cpu_metrics: bool = True,
+    extra: Collector | None = None,
 ) -> CollectorRegistry:
-    """The Prometheus registry of the models serving in ``models`` (and ``cache``)."""
+    """The Prometheus registry of the models serving in ``models`` (and ``cache``), plus
+    ``extra`` (the object-storage repositories' counters, where there are any)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TritonCollector(models, cache, cpu_metrics))
+    if extra is not None:
+        registry.register(extra)
     return registry

@@ -51,6 +51,7 @@ from .devices import check_devices
 from .load_book import LoadBook, Override, Signature
 from .model_config import normalise, parse_config_json, read_config, validate
 from .prepare import start_version
+from .remote import RemoteRepositories
 
 __all__ = ["ModelManager", "parse_load_params", "load_failure"]
 
@@ -135,8 +136,17 @@ class ModelManager:
     ``serving`` is the request path over the same registry: ensemble steps and BLS calls of
     the versions loaded here go through it."""
 
-    def __init__(self, config: ServerConfig, registry: Registry, serving: Serving) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        registry: Registry,
+        serving: Serving,
+        remotes: RemoteRepositories | None = None,
+    ) -> None:
         self.config = config
+        # object-storage repositories: their mirrors are among ``repositories`` and are
+        # refreshed before each scan (start, poll tick, index, load)
+        self.remotes = remotes
         self.repositories = tuple(Path(p).resolve() for p in config.model_repositories)
         self.registry = registry
         # the one request path (clients, ensemble steps, BLS)
@@ -189,6 +199,23 @@ class ModelManager:
 
     def all_serving(self) -> Iterable[ServingVersion]:
         return self.registry.all_serving()
+
+    # ---------------------------------------------------------------- remotes
+    async def refresh_remote(self) -> None:
+        """Bring the mirrors of the object-storage repositories up to date (nothing without
+        any); RepositoryError (HTTP 400) naming each URL that failed."""
+        if self.remotes:
+            await self.remotes.refresh()
+
+    async def refresh_remote_logged(self, why: str) -> bool:
+        """``refresh_remote``, a failure logged (what serves keeps serving); True if it
+        worked."""
+        try:
+            await self.refresh_remote()
+        except ServerError as exc:
+            log.error("%s: %s", why, exc)
+            return False
+        return True
 
     # ----------------------------------------------------------------- index
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
@@ -260,14 +287,16 @@ class ModelManager:
     async def _startup_load(self, name: str) -> bool:
         self.registry.set_required(name, True)
         try:
-            await self.load(name)
+            await self.load(name, refresh=False)  # the server refreshed before the start
             return True
         except ServerError as exc:
             log.error("%s", load_failure(name, exc))
             return False
 
     # ------------------------------------------------------------------- load
-    async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+    async def load(
+        self, name: str, parameters: dict[str, Any] | None = None, refresh: bool = True
+    ) -> None:
         """Load ``name``, or reload it if its files or the override changed since it was
         loaded. A load of a serving model whose directory and override are unchanged does
         nothing (as Triton): a plain load keeps an override given earlier in force. Every
@@ -283,7 +312,9 @@ class ModelManager:
                     if self._books.get(name) is not book or self.registry.get(name) is not rec:
                         continue  # forgotten while we waited for its lock: start again
                     try:
-                        await self._load_if_changed(rec, book, config_json, files, override)
+                        await self._load_if_changed(
+                            rec, book, config_json, files, override, refresh
+                        )
                     except NotFound:
                         self.forget_if_unknown(rec)
                         raise
@@ -299,8 +330,15 @@ class ModelManager:
         config_json: str | None,
         files: dict[str, bytes],
         override: tuple[object, ...] | None,
+        refresh: bool = True,
     ) -> None:
         name = rec.name
+        if refresh and self.remotes:
+            try:
+                await self.refresh_remote()
+            except ServerError as exc:
+                self._record_failure(rec, exc)
+                raise
         repo_dir = layout.find_model_dir_or_none(self.repositories, name)
         if repo_dir is None and not files:
             layout.find_model_dir(self.repositories, name)  # raises Triton's NotFound
@@ -333,22 +371,27 @@ class ModelManager:
             assert model_dir is not None
             await self.load_locked(rec, model_dir, config_json, why)
         except ServerError as exc:
-            for v in rec.serving:
-                # what was loaded before keeps serving: its entry says why the files now on
-                # disk do not (a poll retries only once they change again)
-                if rec.states.get(v, (READY, ""))[0] == READY:
-                    self.registry.set_state(name, v, READY, f"{RELOAD_FAILED}: {exc}")
-            if not rec.serving and not any(
-                state == UNAVAILABLE and reason == str(exc) for state, reason in rec.states.values()
-            ):
-                # failed before any version was tried (config, files): the model as a whole
-                kept = {v: st for v, st in rec.states.items() if v in rec.serving}
-                self.registry.set_states(name, {**kept, -1: (UNAVAILABLE, str(exc))})
+            self._record_failure(rec, exc)
             raise
         book.loaded = (signature, override)
         # a whole-model load serves the version_policy with one config: per-version loads reset
         book.override = Override(config_json, files) if config_json is not None else None
         book.version_overrides.clear()
+
+    def _record_failure(self, rec: ModelRecord, exc: ServerError) -> None:
+        """The index's reason for a failed (re)load of ``rec``."""
+        name = rec.name
+        for v in rec.serving:
+            # what was loaded before keeps serving: its entry says why the files now on
+            # disk do not (a poll retries only once they change again)
+            if rec.states.get(v, (READY, ""))[0] == READY:
+                self.registry.set_state(name, v, READY, f"{RELOAD_FAILED}: {exc}")
+        if not rec.serving and not any(
+            state == UNAVAILABLE and reason == str(exc) for state, reason in rec.states.values()
+        ):
+            # failed before any version was tried (config, files): the model as a whole
+            kept = {v: st for v, st in rec.states.items() if v in rec.serving}
+            self.registry.set_states(name, {**kept, -1: (UNAVAILABLE, str(exc))})
 
     def write_override(self, name: str, files: dict[str, bytes], slot: str = "") -> Path:
         """The override files as a model directory; ``slot`` (default: the model's name) keys
@@ -551,7 +594,7 @@ class ModelManager:
             if serving:
                 continue
             try:
-                await self.load(m)
+                await self.load(m, refresh=False)  # the ensemble's load refreshed
             except ServerError as exc:
                 raise type(exc)(
                     f"failed to load '{ensemble}': composing model '{m}' failed to load: {exc}",
@@ -651,6 +694,8 @@ class ModelManager:
         return tuple(sorted(sig))
 
     async def poll_once(self) -> None:
+        # a failed refresh leaves the mirrors as they were: the scan below finds no change
+        await self.refresh_remote_logged("poll")
         present = layout.list_models(self.repositories)
         for name, model_dir in present.items():
             book = self._books.get(name)
@@ -658,7 +703,7 @@ class ModelManager:
                 continue  # loaded (or failed) with exactly these files
             self.registry.set_required(name, True)
             try:
-                await self.load(name)
+                await self.load(name, refresh=False)
             except ServerError as exc:
                 log.error("poll: %s", exc)
         for rec in self.registry.records():

@@ -104,6 +104,7 @@ async def _load_locked(
     files: dict[str, bytes],
 ) -> None:
     name = rec.name
+    await manager.refresh_remote()  # object-storage repositories: their mirrors up to date
     serving = bool(rec.serving)
     if not serving:  # what an earlier load left is not in force any more
         book.override = None

@@ -33,6 +33,10 @@ __all__ = [
     "BlsCall",
     "BlsReply",
     "Cancel",
+    "MetricCall",
+    "MetricReply",
+    "ModelControlCall",
+    "ModelControlReply",
     "Payload",
     "Message",
     "encode",
@@ -108,6 +112,27 @@ class BlsReply:
     error: str  # "" = none
     final: bool
     parameters: str  # JSON
+
+
+@dataclass(frozen=True, slots=True)
+class MetricReply:
+    """The answer to ``MetricCall`` ``id``: ``error`` ("" = none), a value (op "value") and
+    the series' buckets (op "metric": a series keeps the buckets it was first made with)."""
+
+    id: int
+    error: str
+    value: float = 0.0
+    buckets: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelControlReply:
+    """The answer to ``ModelControlCall`` ``id``: ``error`` ("" = none) and, for "ready",
+    the readiness."""
+
+    id: int
+    error: str
+    ready: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +224,35 @@ class BlsCall:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricCall:
+    """A custom-metric call from ``pb_utils`` (``observability/custom_metrics.py``).
+
+    ``op`` and ``args``: "family" (name, description, kind); "metric" (family, labels JSON,
+    buckets, block name, first cell): the worker then writes the series in that block;
+    "value" (family, labels JSON). Each gets a ``MetricReply``.
+    """
+
+    id: int
+    op: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelControlCall:
+    """``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready`` in a model: ``op`` is
+    "load" (model, config JSON or "", files {path: bytes}), "unload" (model,
+    unload_dependents) or "ready" (model, version string)."""
+
+    id: int
+    op: str
+    model: str
+    version: str = ""
+    config: str = ""
+    files: tuple[tuple[str, bytes], ...] = ()
+    unload_dependents: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class AutoCompleteReply:
     id: int
     config_json: str
@@ -216,6 +270,10 @@ Message = (
     | BlsCall
     | BlsReply
     | Cancel
+    | MetricCall
+    | MetricReply
+    | ModelControlCall
+    | ModelControlReply
     | ReadyCheck
     | ReadyAnswer
 )
@@ -232,8 +290,12 @@ _TAGS: dict[type, int] = {
     BlsCall: 9,
     BlsReply: 10,
     Cancel: 11,
-    ReadyCheck: 30,  # (apart from the numbers other messages take next)
-    ReadyAnswer: 31,
+    MetricCall: 12,
+    MetricReply: 13,
+    ModelControlCall: 14,
+    ModelControlReply: 15,
+    ReadyCheck: 16,
+    ReadyAnswer: 17,
 }
 _CLASSES: dict[int, type] = {v: k for k, v in _TAGS.items()}
 _dumps = pickle.dumps

@@ -14,6 +14,10 @@ Rules of this file:
 - BLS (``InferenceRequest.exec`` / ``async_exec``), response senders and cancellation call
   back into the worker through ``_RUNTIME`` (``runtime.Runtime``), set by the worker before
   the model is imported; outside a worker they raise ``TritonModelException``.
+- Custom metrics (``MetricFamily``) and the model loading API (``load_model``,
+  ``unload_model``, ``is_model_ready``) raise Triton's ``TritonModelException`` texts.
+  ``increment``, ``set`` and ``observe`` write the worker's shared cells (no message);
+  declarations and ``value()`` ask the server (``messages.MetricCall`` / ``ModelControlCall``).
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import asyncio
 import enum
 import json
 import logging
+from bisect import bisect_left
 from collections.abc import Iterable
+from time import monotonic_ns as _monotonic_ns
 from typing import Any
 
 import numpy as np
 
+from sluice.backends.python.messages import MetricCall, ModelControlCall
 from sluice.protocol import bytes_tensor
 
 __all__ = [
@@ -42,6 +49,10 @@ __all__ = [
     "Logger",
     "InferenceResponseSender",
     "InferenceTrace",
+    "MetricFamily",
+    "load_model",
+    "unload_model",
+    "is_model_ready",
     "get_input_tensor_by_name",
     "get_output_tensor_by_name",
     "get_input_config_by_name",
@@ -68,6 +79,9 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 # The worker's runtime.Runtime (None outside a worker process).
 _RUNTIME: Any = None
+# Which of the model's functions runs now where that limits the API: "auto_complete_config"
+# or "finalize" (set by the worker); "" otherwise.
+_PHASE = ""
 
 
 def _runtime(what: str) -> Any:
@@ -747,3 +761,247 @@ def _text(value: Any, field: str) -> str:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).decode("utf-8")
     raise TypeError(f"InferenceRequest: {field} must be str or bytes, got {type(value).__name__}")
+
+
+# --------------------------------------------------------------------- custom metrics
+class MetricKind(enum.IntEnum):
+    """``pb_utils.MetricFamily.COUNTER`` / ``GAUGE`` / ``HISTOGRAM`` (Triton's values)."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+_KIND_TEXT = ("COUNTER", "GAUGE", "HISTOGRAM")
+
+
+def _metric_runtime(what: str) -> Any:
+    if _PHASE == "auto_complete_config":
+        raise TritonModelException(
+            f"{what}: custom metrics are not available in auto_complete_config (the model "
+            "is not loaded yet); create them in initialize or execute"
+        )
+    return _runtime(what)
+
+
+def _ask(runtime: Any, msg: Any, what: str) -> Any:
+    try:
+        return runtime.ask(msg)
+    except (EOFError, OSError):
+        raise TritonModelException(f"{what}: the server has gone away") from None
+
+
+def _server_error(prefix: str, message: str) -> TritonModelException:
+    """Triton's text for an error the server reported for this instance's call."""
+    inst = _RUNTIME.instance_name if _RUNTIME is not None else ""
+    return TritonModelException(
+        f"{prefix}: Failed to process the request for model '{inst}', message: {message}"
+    )
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, str | bytes) or value is None:
+        raise TypeError(f"{what}(): incompatible function arguments: a number is required")
+    return float(value)
+
+
+class Metric:
+    """One series of a ``MetricFamily``: ``family.Metric(labels={...}, buckets=[...])``."""
+
+    __slots__ = ("_family", "_labels", "_kind", "_cells", "_at", "_buckets", "_width")
+
+    def __init__(self, family: MetricFamily, labels: str, cells: Any, at: int, buckets: Any):
+        self._family = family._name
+        self._labels = labels
+        self._kind = family._kind
+        self._cells = cells
+        self._at = at
+        self._buckets = tuple(buckets)
+        self._width = len(self._buckets)
+
+    def _unsupported(self, prefix: str, op: str) -> TritonModelException:
+        return _server_error(
+            prefix, f"TRITONSERVER_METRIC_KIND_{_KIND_TEXT[self._kind]} does not support {op}"
+        )
+
+    def increment(self, value: float) -> None:
+        """Add ``value`` (a counter: >= 0; a gauge: any)."""
+        v = value if type(value) is float or type(value) is int else _number(value, "increment")
+        kind = self._kind
+        if kind == 0:
+            if v < 0:
+                raise _server_error(
+                    "Failed to increment metric value",
+                    "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically "
+                    "by non-negative values.",
+                )
+            self._cells[self._at] += v
+        elif kind == 1:
+            self._cells[self._at] += v
+        else:
+            raise self._unsupported("Failed to increment metric value", "Increment")
+
+    def set(self, value: float) -> None:
+        """Set a gauge to ``value``."""
+        v = _number(value, "set")
+        if self._kind != 1:
+            raise self._unsupported("Failed to set metric value", "Set")
+        cells, at = self._cells, self._at
+        cells[at] = v
+        cells[at + 1] = _monotonic_ns()  # the last set across workers wins
+
+    def observe(self, value: float) -> None:
+        """Count ``value`` in a histogram (its bucket and its sum)."""
+        v = value if type(value) is float or type(value) is int else _number(value, "observe")
+        if self._kind != 2:
+            raise self._unsupported("Failed to observe metric value", "Observe")
+        cells, at = self._cells, self._at
+        cells[at + bisect_left(self._buckets, v)] += 1
+        cells[at + self._width + 1] += v
+
+    def value(self) -> float:
+        """A counter's or gauge's value, summed over every instance of every model using it."""
+        if self._kind == 2:
+            raise self._unsupported("Failed to get metric value", "Value")
+        rt = _metric_runtime("Failed to get metric value")
+        reply = _ask(rt, _MetricCall(rt, "value", (self._family, self._labels)), "Metric.value")
+        if reply.error:
+            raise _server_error("Failed to get metric value", reply.error)
+        return float(reply.value)
+
+
+def _MetricCall(rt: Any, op: str, args: tuple[Any, ...]) -> MetricCall:  # noqa: N802
+    return MetricCall(rt.next_id(), op, args)
+
+
+class MetricFamily:
+    """``pb_utils.MetricFamily(name, description, kind)`` with ``kind`` one of
+    ``MetricFamily.COUNTER``, ``GAUGE``, ``HISTOGRAM``; ``family.Metric(labels, buckets)``."""
+
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
+
+    __slots__ = ("_name", "_description", "_kind")
+
+    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
+        if not isinstance(name, str) or not isinstance(description, str):
+            raise TypeError("MetricFamily(): name and description must be str")
+        if not isinstance(kind, MetricKind):
+            raise TypeError(
+                "MetricFamily(): kind must be pb_utils.MetricFamily.COUNTER, GAUGE or HISTOGRAM"
+            )
+        rt = _metric_runtime("Error when creating MetricFamily")
+        reply = _ask(rt, _MetricCall(rt, "family", (name, description, int(kind))), "MetricFamily")
+        if reply.error:
+            raise _server_error("Error when creating MetricFamily", reply.error)
+        self._name = name
+        self._description = description
+        self._kind = int(kind)
+
+    def Metric(  # noqa: N802 - Triton's name
+        self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
+    ) -> Metric:
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self._kind != 2:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            bounds = tuple(_number(b, "Metric") for b in buckets)
+        else:
+            if self._kind == 2:
+                raise TritonModelException("Failed to create metric. Missing required buckets.")
+            bounds = ()
+        rt = _metric_runtime("Error when creating Metric")
+        try:
+            text = json.dumps(labels or {}, sort_keys=True)
+        except TypeError as exc:  # keys of mixed types
+            raise TritonModelException(f"Error when creating Metric: {exc}") from None
+        key = (self._name, text)
+        got = rt.series.get(key)
+        while got is None:
+            width = len(bounds) + 2 if self._kind == 2 else 2 if self._kind == 1 else 1
+            block, at, cells = rt.cells().allocate(width)
+            args = (self._name, text, bounds, block, at)
+            reply = _ask(rt, _MetricCall(rt, "metric", args), "MetricFamily.Metric")
+            if reply.error:
+                raise _server_error("Error when creating Metric", reply.error)
+            if tuple(reply.buckets) == bounds:
+                got = rt.series[key] = (cells, at, bounds)
+            else:  # the series exists with other buckets (as in Triton, those stay): their cells
+                bounds = tuple(reply.buckets)
+        cells, at, series_buckets = got
+        return Metric(self, text, cells, at, series_buckets)
+
+
+# ----------------------------------------------------------------- model loading API
+def _control(op: str, prefix: str, model_name: Any, **fields: Any) -> Any:
+    if not isinstance(model_name, str):
+        raise TypeError(f"{op}(): model_name must be str, got {type(model_name).__name__}")
+    if _PHASE:
+        raise TritonModelException(
+            f"{prefix}: the model loading API is not supported in {_PHASE} (only in "
+            "initialize and execute)"
+        )
+    rt = _runtime(op)
+    msg = ModelControlCall(rt.next_id(), fields.pop("kind"), model_name, **fields)
+    reply = _ask(rt, msg, op)
+    if reply.error:
+        raise _server_error(prefix, reply.error)
+    return reply
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) ``model_name`` as the repository API does, optionally with a config
+    override (JSON) and override files ``{"file:1/model.onnx": b"..."}``; explicit model
+    control mode only."""
+    if not isinstance(config, str):
+        raise TypeError("load_model(): config must be str")
+    pairs: list[tuple[str, bytes]] = []
+    if files is not None:
+        if not isinstance(files, dict):
+            raise TritonModelException(
+                f"failed to load model '{model_name}', files should be a dictionary of file "
+                "paths and file contents"
+            )
+        for k, v in files.items():
+            if not isinstance(v, bytes):
+                raise TypeError(
+                    f"Object of type '{type(v).__name__}' is not an instance of 'bytes'"
+                )
+            pairs.append((str(k), v))
+    _control(
+        "load_model",
+        "Failed to load model",
+        model_name,
+        kind="load",
+        config=config,
+        files=tuple(pairs),
+    )
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload ``model_name`` (and, with ``unload_dependents``, the ensembles using it)."""
+    _control(
+        "unload_model",
+        "Failed to unload model",
+        model_name,
+        kind="unload",
+        unload_dependents=bool(unload_dependents),
+    )
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (version ``model_version``, "" = any) is ready."""
+    if not isinstance(model_version, str):
+        raise TypeError("is_model_ready(): model_version must be str")
+    reply = _control(
+        "is_model_ready",
+        "Failed to check model readiness",
+        model_name,
+        kind="ready",
+        version=model_version,
+    )
+    return bool(reply.ready)

@@ -38,6 +38,8 @@ from .messages import (
     ExecuteReply,
     InitFailed,
     Message,
+    MetricCall,
+    ModelControlCall,
     Ready,
     Respond,
     Stop,
@@ -51,6 +53,8 @@ from .worker import worker_main
 __all__ = ["WorkerClient", "run_auto_complete", "describe_exit"]
 
 _CTX = mp.get_context("spawn")
+# what a worker sends unasked: handed to ``on_message``
+_ASKS = frozenset((Respond, BlsCall, Cancel, MetricCall, ModelControlCall))
 RESTART_TRIES = 3
 log = logging.getLogger("sluice.workers")
 
@@ -339,9 +343,21 @@ class WorkerClient:
             return False
         return True
 
+    def answer(self, msg: Any) -> bool:
+        """Send the answer to a call the worker made (MetricReply, ModelControlReply): also
+        while it starts, since ``initialize`` may make such calls. False if it is gone."""
+        child = self._child
+        if child is None or child.exited or child.released:
+            return False
+        try:
+            child.tx.send_bytes(encode(msg))
+        except OSError:
+            return False
+        return True
+
     def _dispatch(self, msg: Message) -> None:
         kind = type(msg)
-        if kind is Respond or kind is BlsCall or kind is Cancel:  # the worker asks
+        if kind in _ASKS:  # the worker asks, not answers
             if self.on_message is not None:
                 self.on_message(msg)
             return

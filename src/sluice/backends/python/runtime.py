@@ -28,7 +28,20 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .messages import BlsCall, BlsReply, Cancel, Message, ReadyCheck, Respond, decode, encode
+from .messages import (
+    BlsCall,
+    BlsReply,
+    Cancel,
+    Message,
+    MetricCall,
+    MetricReply,
+    ModelControlCall,
+    ModelControlReply,
+    ReadyCheck,
+    Respond,
+    decode,
+    encode,
+)
 
 __all__ = ["Channel", "Runtime", "ResponseIterator", "KSERVE_BY_CODE"]
 
@@ -61,7 +74,7 @@ class Channel:
         self._rx_lock = threading.Lock()
         self._cond = threading.Condition()
         self._main: deque[Message] = deque()
-        self._replies: dict[int, deque[BlsReply]] = {}
+        self._replies: dict[int, deque[Any]] = {}
         self._checks: deque[ReadyCheck] = deque()  # for the readiness thread (is_ready)
         self._closed = False
         self.cancelled: set[tuple[int, int]] = set()
@@ -87,11 +100,12 @@ class Channel:
         with self._cond:
             self._replies[call_id] = deque()
 
-    def reply(self, call_id: int) -> BlsReply:
-        """The next reply to BLS call ``call_id`` (registered with ``expect``)."""
+    def reply(self, call_id: int) -> Any:
+        """The next reply to call ``call_id`` (registered with ``expect``): a BlsReply, a
+        MetricReply or a ModelControlReply."""
         box = self._replies[call_id]
         reply = self._wait(lambda: box.popleft() if box else None)
-        if reply.final:
+        if getattr(reply, "final", True):  # metric and model-control replies are single
             with self._cond:
                 self._replies.pop(call_id, None)
         return reply
@@ -149,7 +163,7 @@ class Channel:
     def _file(self, msg: Message) -> None:
         """File ``msg`` where it belongs (the caller holds ``_cond``)."""
         kind = type(msg)
-        if kind is BlsReply:
+        if kind is BlsReply or kind is MetricReply or kind is ModelControlReply:
             box = self._replies.get(msg.id)  # type: ignore[union-attr]
             if box is not None:
                 box.append(msg)  # type: ignore[arg-type]
@@ -175,6 +189,37 @@ class Runtime:
         self._ids = itertools.count(1)
         # non-decoupled models may answer through a sender too: execution ctx -> response
         self.held: dict[tuple[int, int], Any] = {}
+        self.instance_name = ""  # named in Triton's error texts (set by the worker)
+        self._cells: Any = None  # metric_cells.CellBlocks, made on the first counter
+        # (family, labels JSON with sorted keys) -> (cells, first cell, buckets): Metric
+        # objects with the same labels share their series, as in Triton
+        self.series: dict[tuple[str, str], tuple[Any, int, tuple[float, ...]]] = {}
+
+    # ------------------------------------------------- custom metrics, model control
+    def ask(self, msg: MetricCall | ModelControlCall) -> Any:
+        """Send a call and wait for its reply (MetricReply / ModelControlReply)."""
+        channel = self.channel
+        channel.expect(msg.id)
+        channel.send(msg)
+        return channel.reply(msg.id)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def cells(self) -> Any:
+        """The worker's metric cell blocks (``metric_cells.CellBlocks``)."""
+        if self._cells is None:
+            import os
+
+            from .metric_cells import CellBlocks
+
+            self._cells = CellBlocks(self.prefix, os.getpid())
+        return self._cells
+
+    def close(self) -> None:
+        if self._cells is not None:
+            self._cells.close()
+            self._cells = None
 
     # ------------------------------------------------------------------------------ BLS
     def exec(self, request: Any, decoupled: bool) -> Any:

@@ -62,8 +62,21 @@ from ..batching import instance_names
 from .bls import BlsCalls
 from .environments import ENV_PATH_PARAM, EnvError, ExecutionEnv
 from .environments import prepare as prepare_env
-from .messages import OK, Cancel, Execute, ReadyAnswer, ReadyCheck, RequestRef, Respond, WorkerSetup
+from .messages import (
+    OK,
+    Cancel,
+    Execute,
+    MetricCall,
+    ModelControlCall,
+    ModelControlReply,
+    ReadyAnswer,
+    ReadyCheck,
+    RequestRef,
+    Respond,
+    WorkerSetup,
+)
 from .messages import RESCHEDULED as RESCHEDULED_CODE
+from .metric_calls import MetricCalls
 from .pool import WorkerClient, run_auto_complete
 from .settings import PythonSettings, check_model_parameters, python_settings
 from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
@@ -257,6 +270,13 @@ class PythonInstance:
         self.worker.on_failure = self._on_failure
         self._decoupled = spec.config.model_transaction_policy.decoupled
         self._calls = BlsCalls(self, spec.serving)
+        # pb_utils.MetricFamily (custom metrics) and the model loading API
+        serving = spec.serving
+        self._metrics = MetricCalls(
+            getattr(serving, "custom_metrics", None), self, self.worker.answer
+        )
+        self._control = getattr(serving, "model_control", None)
+        self._control_tasks: set[asyncio.Task[None]] = set()
         # decoupled: (execution id, request index) -> the request its responses belong to
         self._streams: dict[tuple[int, int], InferRequest] = {}
         # the batch executing now (or last): its BLS calls inherit its chain of callers
@@ -512,8 +532,30 @@ class PythonInstance:
             r.responses.put_nowait(self._stream_response(r, msg))
         elif type(msg) is Cancel:  # the model cancelled its decoupled BLS call msg.id
             self._calls.cancel(msg.id)
+        elif type(msg) is MetricCall:
+            self._metrics.handle(msg)
+        elif type(msg) is ModelControlCall:
+            self._start_control(msg)
         else:
             self._calls.start(msg)
+
+    def _start_control(self, msg: ModelControlCall) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_control(msg))
+        self._control_tasks.add(task)
+        task.add_done_callback(self._control_tasks.discard)
+
+    async def _run_control(self, msg: ModelControlCall) -> None:
+        """``load_model`` / ``unload_model`` / ``is_model_ready`` from the model: the
+        server's repository API (``model_control.ModelController``)."""
+        if self._control is None:
+            self.worker.answer(ModelControlReply(msg.id, "model control is not available"))
+            return
+        initializing = not self.worker.ready  # called from initialize
+        callers = self.callers if not initializing else (self.spec.name,)
+        pid = self.worker.pid
+        error, ready = await self._control.call(self.spec.name, initializing, callers, msg)
+        if self.worker.pid == pid:  # not to a replacement, whose call ids start over
+            self.worker.answer(ModelControlReply(msg.id, error, ready))
 
     def _stream_response(self, r: InferRequest, msg: Respond) -> InferResponse:
         outputs: dict[str, np.ndarray] = {}
@@ -531,7 +573,9 @@ class PythonInstance:
         return resp
 
     def _on_failure(self, exc: ServerError) -> None:
-        """The worker died or is stopping: every open stream ends with that error."""
+        """The worker died or is stopping: every open stream ends with that error, and what
+        it counted in its metric cells is kept."""
+        self._metrics.worker_gone()
         streams, self._streams = self._streams, {}
         for r in streams.values():
             if r.responses is not None:
@@ -540,11 +584,14 @@ class PythonInstance:
 
     async def stop(self, grace: float | None = None) -> None:
         await self._calls.cancel_all()
+        for task in list(self._control_tasks):
+            task.cancel()  # a load it asked for goes on (shielded); nobody awaits its answer
         try:
             await self.worker.stop(grace)
         except Exception:  # noqa: BLE001 - stop must not raise; a cancellation goes on up
             pass
         finally:
+            self._metrics.close()  # the model's custom metrics go with it
             self._outputs.close()
             self._inputs.close()
             unlink_prefix(self._setup.shm_prefix)

@@ -130,6 +130,7 @@ def worker_main(rx: Connection, tx: Connection, setup: WorkerSetup) -> None:
 def _auto_complete(conn: Connection, setup: WorkerSetup, pb_utils: ModuleType) -> None:
     import json
 
+    pb_utils._PHASE = "auto_complete_config"  # type: ignore[attr-defined]
     try:
         cls = _import_model(setup)
         cfg = pb_utils.ModelConfig(setup.config_json)
@@ -175,6 +176,7 @@ class _Worker:
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
         self.runtime = Runtime(self.channel, pb_utils, setup.shm_prefix, self.decoupled)
         pb_utils._RUNTIME = self.runtime  # type: ignore[attr-defined]
+        self.runtime.instance_name = setup.instance_name
         pb_utils.Logger._log = logging.getLogger(f"sluice.model.{setup.model_name}")
         self._aloop: Any = None  # an event loop for ``async def execute``, made on first use
         self._checked_fn: Any = None  # the execute function last asked whether it is async
@@ -286,6 +288,7 @@ class _Worker:
 
     def _finalize(self) -> None:
         fin = getattr(self.model, "finalize", None)
+        self.pb._PHASE = "finalize"  # type: ignore[attr-defined]  # no model loading API now
         if fin is not None:
             try:
                 fin()
@@ -297,6 +300,7 @@ class _Worker:
 
         self.writer.close()
         self.reader.close()
+        self.runtime.close()  # custom metric cells
         if self.orphaned:
             unlink_prefix(self.setup.shm_prefix)
         for conn in (self.rx, self.tx):

@@ -1,0 +1,36 @@
+"""How a store failure is told: the store's code and message, a refused connection, a
+timeout; a secret in the client's text never comes through."""
+
+from __future__ import annotations
+
+from sluice.repository.remote.stores import describe_error
+
+NO_BUCKET = (
+    "Generic S3 error: Error performing list request: Error performing GET "
+    "http://127.0.0.1:1/b?list-type=2 in 3ms - Server returned non-2xx status code: 404 Not "
+    'Found: <?xml version="1.0"?><Error><Code>NoSuchBucket</Code><Message>The specified bucket '
+    "does not exist</Message><RequestId>x</RequestId></Error>\n\nDebug source: ..."
+)
+
+
+def test_store_code_and_message() -> None:
+    assert describe_error(Exception(NO_BUCKET), []) == (
+        "NoSuchBucket: The specified bucket does not exist"
+    )
+
+
+def test_connection_refused_and_unreachable() -> None:
+    refused = (
+        "HTTP error: error sending request ... tcp connect error: Connection refused (os error 111)"
+    )
+    assert describe_error(Exception(refused), []).startswith("connection refused")
+    dns = "HTTP error: error sending request ... dns error: failed to lookup address"
+    assert describe_error(Exception(dns), []) == "cannot resolve the store's host name"
+
+
+def test_status_without_a_body_and_secrets_scrubbed() -> None:
+    text = "Server returned non-2xx status code: 403 Forbidden: token=Sekr3t-Value"
+    assert describe_error(Exception(text), ["Sekr3t-Value"]) == "the store answered 403 Forbidden"
+    other = "weird failure mentioning Sekr3t-Value twice: Sekr3t-Value"
+    out = describe_error(Exception(other), ["Sekr3t-Value"])
+    assert "Sekr3t-Value" not in out and "***" in out
