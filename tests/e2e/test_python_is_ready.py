@@ -85,6 +85,18 @@ class TritonPythonModel:
             for r in requests]
 """
 
+# OUT = pb_utils.is_model_ready("flagged") as 0 / 1 (the model loading API's readiness)
+ASKER_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        ready = int(pb_utils.is_model_ready("flagged"))
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([ready], np.int32))])
+                for r in requests]
+"""
+
 PLAIN_PY = ASYNC_PY.replace("async def is_ready", "async def not_is_ready")
 
 IO = """
@@ -132,6 +144,7 @@ def env(module_server, module_repo: Path) -> dict[str, Any]:
         ASYNC_PY,
     )
     write_model(module_repo, "plain", _config("plain", {"flag": base / "unused"}), PLAIN_PY)
+    write_model(module_repo, "asker", _config("asker", {}), ASKER_PY)
     srv = module_server(module_repo)
     return {"srv": srv, "flagged": flagged, "async": asynchronous}
 
@@ -268,3 +281,13 @@ def test_slow_is_ready_times_out_and_concurrent_checks_share_one_call(
     # the slow call is still in flight: the next check shares it and so answers True once
     # it returns (6 s after it began)
     wait_until(lambda: _http_model(srv, "flagged") == (200, ""), what="ready again")
+
+
+def test_pb_utils_is_model_ready_asks_the_model(env: dict[str, Any]) -> None:
+    srv, files = env["srv"], env["flagged"]
+    client = http_client(srv)
+    assert client.infer("asker", [_in(0)]).as_numpy("OUT").tolist() == [1]
+    files.set("false")
+    assert client.infer("asker", [_in(0)]).as_numpy("OUT").tolist() == [0]
+    files.set("true")
+    assert client.infer("asker", [_in(0)]).as_numpy("OUT").tolist() == [1]
