@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,20 @@ def srv(module_server, module_repo: Path):
     write_model(repo, "countdown_plain", _config("countdown_plain", DECOUPLED), COUNTDOWN_PY)
     write_model(repo, "answers_too", _config("answers_too", ITERATIVE), ANSWERS_TOO_PY)
     write_model(repo, "bad_flags", _config("bad_flags", ITERATIVE), BAD_FLAGS_PY)
+    # batching across sequences (the oldest strategy): rescheduled requests batch again
+    write_model(
+        repo,
+        "again_batched",
+        _config(
+            "again_batched",
+            "sequence_batching { iterative_sequence: true oldest { "
+            "max_candidate_sequences: 4 max_queue_delay_microseconds: 20000 } }",
+        ).replace("max_batch_size: 0", "max_batch_size: 4"),
+        AGAIN_PY.replace("np.array([count]", "np.array([[count]]")
+        .replace("np.array([starts]", "np.array([[starts]]")
+        .replace("np.array([corr]", "np.array([[corr]]")
+        .replace("as_numpy()[0]", "as_numpy().item()"),
+    )
     return module_server(repo)
 
 
@@ -304,9 +319,10 @@ def test_non_decoupled_model_answers_after_k_reschedules(srv, protocol: str) -> 
 def test_non_decoupled_requests_keep_their_own_sequences(srv) -> None:
     """Concurrent requests of one model reschedule independently: each keeps its own count
     (kept by correlation id) and its own correlation id."""
-    client = http_client(srv)
-    pending = [client.async_infer("again", _in(httpclient, k)) for k in (2, 0, 5, 1)]
-    results = [p.get_result() for p in pending]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda k: http_client(srv).infer("again", _in(httpclient, k)), (2, 0, 5, 1))
+        )
     assert [r.as_numpy("OUT").tolist() for r in results] == [[2], [0], [5], [1]]
     corrs = [int(r.as_numpy("CORR")[0]) for r in results]
     assert len(set(corrs)) == 4
@@ -381,3 +397,31 @@ def test_a_closed_stream_stops_the_rescheduling(srv) -> None:
     # still the same a while later (a few executions take well under this on this machine)
     time.sleep(0.5)
     assert _stats(srv, "countdown")["execution_count"] == executions
+
+
+def test_batched_iterative_sequences_reschedule_within_batches(srv) -> None:
+    """Four requests of a batching model (the oldest strategy, a 1 s window that closes
+    when the batch is full): each is its own sequence, rescheduled its own number of times
+    (3, 1, 0, 2), batched with those still going: batches of 4, 3, 2 and 1."""
+    before = _stats(srv, "again_batched")
+
+    def one(k: int) -> Any:
+        i = httpclient.InferInput("IN", [1, 1], "INT32")
+        i.set_data_from_numpy(np.array([[k]], dtype=np.int32))
+        return http_client(srv).infer("again_batched", [i])
+
+    ks = (3, 1, 0, 2)
+    with ThreadPoolExecutor(len(ks)) as pool:
+        results = list(pool.map(one, ks))
+    assert [r.as_numpy("OUT").tolist() for r in results] == [[[k]] for k in ks]
+    assert [r.as_numpy("FLAGS").tolist() for r in results] == [[[1]]] * 4
+    assert len({int(r.as_numpy("CORR")[0][0]) for r in results}) == 4
+    after = _stats(srv, "again_batched")
+    # every execution of every request counts, however they were batched
+    assert {key: after[key] - before[key] for key in after} == {
+        "inference_count": 10,
+        "execution_count": 4,
+        "success": 10,
+        "fail": 4,
+        "queue": 10,
+    }
