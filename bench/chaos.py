@@ -149,6 +149,8 @@ class Resources:
     shm: list[str]
     children: int
     rss_mib: float
+    # what the fds point at ("socket:[...]" shortened to "socket"), for naming a leak
+    fd_kinds: dict[str, int] = field(default_factory=dict)
 
     def row(self) -> str:
         return f"fds={self.fds} shm={len(self.shm)} children={self.children} rss={self.rss_mib}MiB"
@@ -229,7 +231,19 @@ def resources(pid: int) -> Resources:
         shm=sorted(os.path.basename(s) for s in glob.glob(f"/dev/shm/sl{pid}_*")),
         children=len(children),
         rss_mib=round(p.memory_info().rss / 2**20, 1),
+        fd_kinds=_fd_kinds(pid),
     )
+
+
+def _fd_kinds(pid: int) -> dict[str, int]:
+    kinds: Counter[str] = Counter()
+    for fd in glob.glob(f"/proc/{pid}/fd/*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        kinds[re.sub(r"[:\[].*", "", target) if not target.startswith("/") else target] += 1
+    return dict(kinds)
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -276,9 +290,14 @@ def _leaks(target: Target, before: Resources, before_workers: int) -> list[str]:
         out.append(f"one-shot segments left: {oneshot}")
     net_before, net_now = before.fds - 2 * len(before.shm), now.fds - 2 * len(now.shm)
     if net_now > net_before:
+        grown = {
+            k: f"{before.fd_kinds.get(k, 0)} -> {n}"
+            for k, n in sorted(now.fd_kinds.items())
+            if n > before.fd_kinds.get(k, 0) and not k.startswith("/dev/shm/")
+        }
         out.append(
             f"open fds (net of shm segments): {net_before} before, {net_now} after "
-            f"({before.fds} / {now.fds} in all)"
+            f"({before.fds} / {now.fds} in all; grown: {grown})"
         )
     return out
 

@@ -141,9 +141,7 @@ def scrape(srv: Any) -> str:
 
 
 def custom_lines(srv: Any) -> list[str]:
-    """The metrics page's lines that are not the server's own (``nv_*``) families."""
-    return [
-        line
-        for line in scrape(srv).splitlines()
-        if line and not line.startswith(("nv_", "# HELP nv_", "# TYPE nv_"))
-    ]
+    """The metrics page's lines that are not the server's own (``nv_*``, ``sluice_*``)
+    families."""
+    own = tuple(f"{p}{n}" for p in ("", "# HELP ", "# TYPE ") for n in ("nv_", "sluice_"))
+    return [line for line in scrape(srv).splitlines() if line and not line.startswith(own)]

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from .config import ControlMode, GrpcEdge, ServerConfig
+from .config import ControlMode, GrpcEdge, RateLimit, ServerConfig
 
 __all__ = ["main", "build_parser", "parse_serve_args"]
 
@@ -295,6 +295,32 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
         help="memory the server and its workers may hold (K/M/G suffixes); a load whose "
         "instances would not fit is refused (the machine's available memory is always checked)",
     )
+    p.add_argument(
+        "--rate-limit",
+        type=str.lower,
+        choices=RateLimit.ALL,
+        default=RateLimit.OFF,
+        help="Triton's rate limiter. With execution_count an instance executes only once the "
+        "resources its instance_group's rate_limiter asks for are free, instances chosen by "
+        "executions x priority; with off (the default, as Triton's) as soon as it is idle",
+    )
+    p.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        metavar="<name>:<count>[:<device>]",
+        help="with --rate-limit=execution_count: how much of a resource there is (repeatable; "
+        "without a device, on every device); by default the most any instance asks for",
+    )
+    p.add_argument(
+        "--overload-status",
+        type=_overload_status,
+        default=0,
+        metavar="triton|429",
+        help="sluice's: how a full queue (max_queue_size) or a queue timeout is answered: "
+        "triton (the default: 503 / UNAVAILABLE, Triton's text) or 429 (429 with a Retry-After "
+        "header estimated from the queue's drain rate; gRPC RESOURCE_EXHAUSTED)",
+    )
 
 
 def _add_log_flags(p: argparse.ArgumentParser) -> None:
@@ -344,6 +370,27 @@ GRPC_CHANNEL_FLAGS: dict[str, tuple[str, str]] = {
     "--grpc-max-connection-age": ("grpc.max_connection_age_ms", "int"),
     "--grpc-max-connection-age-grace": ("grpc.max_connection_age_grace_ms", "int"),
 }
+
+
+def _overload_status(text: str) -> int:
+    low = text.strip().lower()
+    if low == "triton":
+        return 0
+    if low == "429":
+        return 429
+    raise argparse.ArgumentTypeError(f"expected triton or 429, got '{text}'")
+
+
+def _rate_limit_resources(
+    items: list[str], parser: argparse.ArgumentParser
+) -> tuple[tuple[str, int, int], ...]:
+    from .core.rate_limiter import parse_resource_flag
+
+    try:
+        return tuple(parse_resource_flag(item) for item in items)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
 
 
 def _nonneg_int(text: str) -> int:
@@ -596,6 +643,9 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         cache_size_bytes=_cache_size(ns.cache_config, parser),
         trace_config=_trace_config(ns, parser),
         model_memory_limit=ns.model_memory_limit,
+        rate_limit=ns.rate_limit,
+        rate_limit_resources=_rate_limit_resources(ns.rate_limit_resource, parser),
+        overload_status=ns.overload_status,
         **_security(ns, parser),  # type: ignore[arg-type]
     )
 

@@ -69,6 +69,14 @@ class GrpcEdge:
     ALL = (AUTO, NATIVE, AIO)
 
 
+class RateLimit:
+    """--rate-limit: Triton's rate limiter on (execution_count) or off (the default)."""
+
+    OFF = "off"
+    EXECUTION_COUNT = "execution_count"
+    ALL = (OFF, EXECUTION_COUNT)
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     # local directories and, in their place among them, the mirrors of remote repositories
@@ -135,6 +143,13 @@ class ServerConfig:
     # --model-memory-limit: bytes the server and its workers may hold; a load whose instances
     # would go past it (or past the machine's available memory) is refused (0 = no limit)
     model_memory_limit: int = 0
+    # --rate-limit and --rate-limit-resource=<name>:<count>[:<device>] as (name, count,
+    # device; -1 = every device): instances execute when their resources are free
+    rate_limit: str = RateLimit.OFF
+    rate_limit_resources: tuple[tuple[str, int, int], ...] = ()
+    # --overload-status: 0 = Triton's answer to a full queue / queue timeout (503,
+    # UNAVAILABLE); 429 = 429 with Retry-After, gRPC RESOURCE_EXHAUSTED
+    overload_status: int = 0
     # TLS (--http-use-ssl*, --grpc-use-ssl* and their files); None = plain
     http_tls: TlsFiles | None = None
     grpc_tls: TlsFiles | None = None

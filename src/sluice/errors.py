@@ -24,8 +24,10 @@ __all__ = [
     "Unsupported",
     "AlreadyExists",
     "WorkerLost",
+    "Overloaded",
     "VERSION_STRING_ERROR",
     "bad_version",
+    "restate",
 ]
 
 # Triton's phrase for a model version that is not an integer (gRPC model_version, HTTP path)
@@ -42,6 +44,9 @@ class Status(enum.Enum):
     CANCELLED = "CANCELLED"
     UNAUTHENTICATED = "UNAUTHENTICATED"  # no valid API key (sluice's keys, not Triton's)
     PERMISSION_DENIED = "PERMISSION_DENIED"  # a key whose role does not cover the API
+    # a full queue or an expired queue wait with --overload-status=429 (sluice's; Triton
+    # answers those UNAVAILABLE): HTTP 429 with Retry-After, gRPC RESOURCE_EXHAUSTED
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 
 
 class ServerError(Exception):
@@ -86,6 +91,29 @@ class AlreadyExists(ServerError):
 class WorkerLost(ServerError):
     """A model instance's process died or was killed with requests on it: whatever state it
     held (a sequence's, say) is gone. INTERNAL for a death, UNAVAILABLE for a kill."""
+
+
+class Overloaded(Unavailable):
+    """A request refused because its model is overloaded: its queue was full, or it waited
+    longer than its queue timeout. UNAVAILABLE as in Triton, unless the server answers
+    overload honestly (``--overload-status=429``): then RESOURCE_EXHAUSTED, and
+    ``retry_after`` (whole seconds, at least 1) is the server's estimate of when the queue
+    will have room, sent as HTTP ``Retry-After``. Made like every ServerError from
+    ``(message, status)`` too (an ensemble re-raises its step's error so)."""
+
+    def __init__(self, message: str, status: Status | None = None, retry_after: int = 1) -> None:
+        super().__init__(message, status)
+        self.retry_after = max(1, int(retry_after))
+
+
+def restate(exc: ServerError, message: str) -> ServerError:
+    """``exc`` told with ``message`` (its own text plus where it happened): the same class,
+    status and details (an overload's Retry-After estimate, say)."""
+    new = type(exc)(message, exc.status)
+    for key, value in vars(exc).items():
+        if key != "message":
+            setattr(new, key, value)
+    return new
 
 
 def bad_version(name: str, version: object) -> InvalidArgument:

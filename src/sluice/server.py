@@ -19,8 +19,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .config import GrpcEdge, ServerConfig
+from .config import GrpcEdge, RateLimit, ServerConfig
 from .core.cache import ResponseCache
+from .core.rate_limiter import RateLimiter
 from .core.registry import Registry
 from .core.serving import Serving
 from .errors import ServerError
@@ -44,7 +45,14 @@ def build(
     front-ends call, over one request path (``Serving``) and one response cache."""
     registry = Registry()
     cache = ResponseCache(config.cache_size_bytes) if config.cache_size_bytes else None
-    serving = Serving(registry, cache)
+    limiter = (
+        RateLimiter(config.rate_limit_resources)
+        if config.rate_limit == RateLimit.EXECUTION_COUNT
+        else None
+    )
+    serving = Serving(
+        registry, cache, limiter=limiter, honest_overload=config.overload_status == 429
+    )
     remotes = None
     if config.remote_repositories:
         from .repository.remote import RemoteRepositories
@@ -156,6 +164,7 @@ class Server:
                     cfg.allow_cpu_metrics,
                     self.service.serving.custom_metrics,
                     self._repository_collector(),
+                    self.service.serving.limiter,
                 ),
                 cfg.metrics_address,
                 cfg.metrics_port,

@@ -167,6 +167,8 @@ def test_grafana_queries_name_exported_metrics(exported: set[str]) -> None:
 def test_adapter_rules_name_exported_metrics(exported: set[str]) -> None:
     rules = yaml.safe_load(_docs()["ConfigMap"]["data"]["config.yaml"])["rules"]
     used = {
-        m for r in rules for m in re.findall(r"\bnv_[a-z_]+", r["seriesQuery"] + r["metricsQuery"])
+        m
+        for r in rules
+        for m in re.findall(r"\b(?:nv|sluice)_[a-z_]+", r["seriesQuery"] + r["metricsQuery"])
     }
     assert used and not used - exported

@@ -1,4 +1,4 @@
-"""The custom metric registry (``observability/custom_metrics.py``): declarations and their
+"""The custom metric registry (``backends/python/custom_metrics.py``): declarations and their
 refusals, sums over workers' cells, a dead worker's counts kept, owners leaving, and the
 exposition text as Triton 2.51 writes it."""
 
@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from sluice.observability.custom_metrics import (
+from sluice.backends.python.custom_metrics import (
     COUNTER,
     GAUGE,
     HISTOGRAM,

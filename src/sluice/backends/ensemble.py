@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import InvalidArgument, ServerError
+from ..errors import InvalidArgument, ServerError, restate
 from ..protocol.datatypes import numpy_to_kserve
 from ..types import InferRequest, InferResponse
 from .base import ExecuteResult, ModelInstance, ModelSpec
@@ -177,9 +177,8 @@ class EnsembleInstance:
                 where = f"composing model '{step.model}'" + (
                     f" version {step.version}" if step.version else ""
                 )
-                raise type(exc)(
-                    f"{exc} (in ensemble '{self.spec.name}', step {step.index}: {where})",
-                    exc.status,
+                raise restate(
+                    exc, f"{exc} (in ensemble '{self.spec.name}', step {step.index}: {where})"
                 ) from None
             for model_out, t in step.outputs:
                 tensors[t] = response.outputs[model_out]

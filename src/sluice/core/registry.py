@@ -105,6 +105,10 @@ class VersionScheduler(Protocol):
 
     async def stop(self, grace: float | None = None) -> None: ...
 
+    def close(self) -> None:
+        """Give up what the scheduler holds of the server's (its rate limiter places)
+        without stopping the instances: for a version that never served."""
+
 
 @dataclass(slots=True)
 class ServingVersion:

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.python.custom_metrics import CustomMetrics
 from ..errors import (
     Internal,
     InvalidArgument,
@@ -52,10 +53,10 @@ from ..errors import (
     Unsupported,
     bad_version,
 )
-from ..observability.custom_metrics import CustomMetrics
 from ..protocol.datatypes import numpy_to_kserve
 from ..types import InferRequest, InferResponse
 from .cache import ResponseCache
+from .rate_limiter import RateLimiter
 from .registry import Registry, ServingVersion
 from .validation import check_model_name, check_request
 
@@ -83,8 +84,19 @@ def _int_param(params: dict[str, Any], key: str) -> int:
 
 
 class Serving:
-    def __init__(self, registry: Registry, cache: ResponseCache | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        cache: ResponseCache | None = None,
+        *,
+        limiter: RateLimiter | None = None,
+        honest_overload: bool = False,
+    ) -> None:
         self.registry = registry  # the manager writes it; we only read
+        # --rate-limit=execution_count: the one limiter every version's scheduler registers with
+        self.limiter = limiter
+        # --overload-status=429: a full queue or queue timeout answers RESOURCE_EXHAUSTED
+        self.honest_overload = honest_overload
         self._records = registry.by_name
         # request layout -> (the version it was checked against, batch size, shape key); a
         # layout hashes by identity, and the key keeps it alive (no id is ever reused here)

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Duration", "Histogram", "ModelStats", "BUCKETS_US"]
+__all__ = ["Duration", "Histogram", "ModelStats", "BUCKETS_US", "RATIO_WINDOW_S"]
+
+# the window of ``ModelStats.queue_compute_ratio``, as NVIDIA's autoscaling rule's [1m]
+RATIO_WINDOW_S = 60.0
 
 # Upper bounds (us) for latency histograms: 50us .. 60s, roughly x2 steps.
 BUCKETS_US: tuple[float, ...] = (
@@ -97,6 +101,10 @@ class ModelStats:
     queue_hist: Histogram = field(default_factory=Histogram)
     compute_hist: Histogram = field(default_factory=Histogram)
     load_duration_secs: float = 0.0
+    # (monotonic s, queue ns, compute infer ns) taken when the ratio is read, oldest first
+    ratio_marks: deque[tuple[float, int, int]] = field(
+        default_factory=lambda: deque([(time.monotonic(), 0, 0)])
+    )
 
     def record_execution(
         self, batch_size: int, n_requests: int, cin: int, cinf: int, cout: int
@@ -129,6 +137,26 @@ class ModelStats:
         self.fail.add(ns)
         self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
         self.request_hist.observe_ns(ns)
+
+    def queue_compute_ratio(self, now: float | None = None) -> float:
+        """Queue time over compute time in the last ``RATIO_WINDOW_S`` seconds, as NVIDIA's
+        autoscaling guide computes it from Triton's counters:
+        ``rate(nv_inference_queue_duration_us[1m])
+        / clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)``.
+        The window runs from the newest reading at least that old (else the oldest, back to
+        when these statistics began) to now; readings are kept at most one a second."""
+        now = time.monotonic() if now is None else now
+        marks = self.ratio_marks
+        while len(marks) > 1 and now - marks[1][0] >= RATIO_WINDOW_S:
+            marks.popleft()
+        t0, q0, c0 = marks[0]
+        q, c = self.queue.ns, self.compute_infer.ns
+        if now - marks[-1][0] >= 1.0:
+            marks.append((now, q, c))
+        dt = max(now - t0, 1e-9)
+        queue_rate = (q - q0) / 1000 / dt  # us per second, as rate() of the us counters
+        compute_rate = (c - c0) / 1000 / dt
+        return queue_rate / max(compute_rate, 1.0)
 
     def as_dict(self) -> dict[str, Any]:
         """Triton's statistics-extension JSON for this version."""

@@ -3,6 +3,8 @@
 Rules of this file:
 - The mapping follows Triton (``http_server.cc`` ``HttpCodeFromError``; ``grpc_utils.cc``):
   INTERNAL 500, NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, everything else 400.
+  sluice's RESOURCE_EXHAUSTED (overload answered honestly, ``--overload-status=429``) is 429
+  with a ``Retry-After`` header, and gRPC RESOURCE_EXHAUSTED.
 - Any exception that is not a ``ServerError`` is a bug: it becomes 500 / INTERNAL with a
   generic message naming its type, and is logged with its traceback here, nowhere else.
 """
@@ -13,9 +15,9 @@ import logging
 
 import grpc
 
-from ..errors import ServerError, Status
+from ..errors import Overloaded, ServerError, Status
 
-__all__ = ["HTTP_CODES", "GRPC_CODES", "http_error", "grpc_error"]
+__all__ = ["HTTP_CODES", "GRPC_CODES", "http_error", "http_error_headers", "grpc_error"]
 
 log = logging.getLogger("sluice.frontends")
 
@@ -29,6 +31,7 @@ HTTP_CODES: dict[Status, int] = {
     Status.CANCELLED: 400,
     Status.UNAUTHENTICATED: 401,
     Status.PERMISSION_DENIED: 403,
+    Status.RESOURCE_EXHAUSTED: 429,
 }
 
 GRPC_CODES: dict[Status, grpc.StatusCode] = {
@@ -41,6 +44,7 @@ GRPC_CODES: dict[Status, grpc.StatusCode] = {
     Status.CANCELLED: grpc.StatusCode.CANCELLED,
     Status.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Status.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Status.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -54,6 +58,14 @@ def http_error(exc: BaseException, where: str = "") -> tuple[int, str]:
     if isinstance(exc, ServerError):
         return HTTP_CODES.get(exc.status, 400), exc.message
     return 500, _unexpected(exc, where)
+
+
+def http_error_headers(exc: BaseException) -> list[tuple[bytes, bytes]]:
+    """The headers an error answer carries besides its body: ``Retry-After`` (seconds) on a
+    429, from the overloaded queue's estimate."""
+    if isinstance(exc, Overloaded) and exc.status is Status.RESOURCE_EXHAUSTED:
+        return [(b"retry-after", str(exc.retry_after).encode())]
+    return []
 
 
 def grpc_error(exc: BaseException, where: str = "") -> tuple[grpc.StatusCode, str]:

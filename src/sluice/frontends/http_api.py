@@ -49,7 +49,7 @@ from ..security.access import AccessDenied, Policy
 from ..service import InferenceService
 from ..types import InferResponse
 from .dashboard_page import dashboard_data, dashboard_file
-from .errors import http_error
+from .errors import http_error, http_error_headers
 from .http_limits import (
     DEFAULT_MAX_INPUT_SIZE,
     DISCONNECTED,
@@ -302,6 +302,7 @@ class HttpFrontend:
         except Exception as exc:  # mapped once, here
             code, message = http_error(exc, f"{scope['method']} {scope['path']}")
             status, body, headers = _error(code, message)
+            headers = [*headers, *http_error_headers(exc)]
         if trace is not None:
             await self._send_traced(send, status, body, headers, trace)
             return

@@ -9,9 +9,10 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from ..backends.python.custom_metrics import CustomMetrics
 from ..core.cache import ResponseCache
+from ..core.rate_limiter import RateLimiter
 from ..core.registry import Registry
-from ..observability.custom_metrics import CustomMetrics
 from ..observability.metrics import build_registry, exposition
 
 __all__ = ["metrics_app"]
@@ -25,11 +26,12 @@ def metrics_app(
     cpu_metrics: bool = True,
     custom: CustomMetrics | None = None,
     extra: Collector | None = None,
+    limiter: RateLimiter | None = None,
 ) -> Any:
-    """The metrics port's ASGI app: the server's families (and ``extra``'s, e.g. the
-    object-store repositories' counters), then the python models' own
+    """The metrics port's ASGI app: the server's families (the rate ``limiter``'s, and
+    ``extra``'s, e.g. the object-store repositories' counters), then the python models' own
     (``pb_utils.MetricFamily``), as Triton lists them after its own."""
-    registry = build_registry(models, cache, cpu_metrics, extra)
+    registry = build_registry(models, cache, cpu_metrics, extra, limiter)
     text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:

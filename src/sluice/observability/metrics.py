@@ -2,7 +2,11 @@
 scrape time (the hot path records integers only; nothing here runs per request).
 
 Beyond Triton: latency histograms (``*_duration_histogram_us``) for whole-request, queue and
-compute time, so p99 can be computed server-side and aggregated across replicas.
+compute time, so p99 can be computed server-side and aggregated across replicas; per model
+``sluice_model_queue_compute_ratio`` (queue over compute time in the last minute, the
+autoscaling signal); with the rate limiter, ``sluice_rate_limiter_resource_count`` /
+``sluice_rate_limiter_resource_in_use`` per resource and device and
+``sluice_rate_limiter_waiting_instances`` per model (Triton exports nothing of its limiter).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..core.cache import ResponseCache
+from ..core.rate_limiter import RateLimiter
 from ..core.registry import Registry
 from ..core.stats import BUCKETS_US, Histogram, ModelStats
 
@@ -62,10 +67,15 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 class TritonCollector(Collector):
     def __init__(
-        self, models: Registry, cache: ResponseCache | None = None, cpu_metrics: bool = True
+        self,
+        models: Registry,
+        cache: ResponseCache | None = None,
+        cpu_metrics: bool = True,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.models = models
         self.cache = cache
+        self.limiter = limiter
         self.cpu_metrics = cpu_metrics
         self._proc = psutil.Process()
         psutil.cpu_percent(interval=None)  # prime the utilisation counter
@@ -130,9 +140,14 @@ class TritonCollector(Collector):
             g.add_metric([], float(value))
             yield g
 
+    def _limiter_metrics(self) -> Iterator[Metric]:
+        if self.limiter is not None:
+            yield from _limiter_gauges(self.limiter)
+
     def collect(self) -> Iterator[Metric]:
         yield from self._model_metrics()
         yield from self._cache_metrics()
+        yield from self._limiter_metrics()
         if self.cpu_metrics:
             yield from _cpu_metrics()
 
@@ -156,6 +171,13 @@ class TritonCollector(Collector):
         load = GaugeMetricFamily(
             "nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS
         )
+        ratio = GaugeMetricFamily(
+            "sluice_model_queue_compute_ratio",
+            "Queue time over compute (infer) time in the last minute: "
+            "rate(nv_inference_queue_duration_us[1m]) / "
+            "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)",
+            labels=_LABELS,
+        )
         hists = [
             (HistogramMetricFamily(name, doc, labels=_LABELS), of) for name, doc, of in _HISTOGRAMS
         ]
@@ -173,6 +195,7 @@ class TritonCollector(Collector):
                 family.add_sample(name, lv, value(st))
             pending.add_metric(labels, st.pending)
             load.add_metric(labels, st.load_duration_secs)
+            ratio.add_metric(labels, st.queue_compute_ratio())
             for hist_family, of in hists:
                 hist = of(st)
                 hist_family.add_metric(labels, _buckets(hist), hist.sum_us)
@@ -180,7 +203,7 @@ class TritonCollector(Collector):
         yield failure
         for family, _, _ in counters:
             yield family
-        yield from (pending, load)
+        yield from (pending, load, ratio)
         for hist_family, _ in hists:
             yield hist_family
 
@@ -257,6 +280,34 @@ def _cpu_metrics() -> Iterator[Metric]:
     yield from (util, total, used)
 
 
+def _limiter_gauges(limiter: RateLimiter) -> Iterator[Metric]:
+    resources, waiting = limiter.snapshot()
+    labels = ["resource", "device"]
+    count = GaugeMetricFamily(
+        "sluice_rate_limiter_resource_count",
+        "How much of a rate-limiter resource there is (--rate-limit-resource, else the most "
+        'any instance asks for); device "global" for a global resource',
+        labels=labels,
+    )
+    in_use = GaugeMetricFamily(
+        "sluice_rate_limiter_resource_in_use",
+        "How much of a rate-limiter resource executing instances hold",
+        labels=labels,
+    )
+    for name, device, total, used in resources:
+        count.add_metric([name, device], total)
+        in_use.add_metric([name, device], used)
+    staged = GaugeMetricFamily(
+        "sluice_rate_limiter_waiting_instances",
+        "Instances of a model with a batch ready, waiting for the rate limiter to grant their "
+        "resources",
+        labels=_LABELS,
+    )
+    for (model, version), n in sorted(waiting.items()):
+        staged.add_metric([model, version], n)
+    yield from (count, in_use, staged)
+
+
 def _buckets(hist: Histogram) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     acc = 0
@@ -272,11 +323,13 @@ def build_registry(
     cache: ResponseCache | None = None,
     cpu_metrics: bool = True,
     extra: Collector | None = None,
+    limiter: RateLimiter | None = None,
 ) -> CollectorRegistry:
-    """The Prometheus registry of the models serving in ``models`` (and ``cache``), plus
-    ``extra`` (the object-storage repositories' counters, where there are any)."""
+    """The Prometheus registry of the models serving in ``models`` (and ``cache``, and the
+    rate ``limiter``), plus ``extra`` (the object-storage repositories' counters, where there
+    are any)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(models, cache, cpu_metrics))
+    registry.register(TritonCollector(models, cache, cpu_metrics, limiter))
     if extra is not None:
         registry.register(extra)
     return registry

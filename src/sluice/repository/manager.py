@@ -525,6 +525,8 @@ class ModelManager:
                     started,
                     generation=next(self._generations),
                     cache=self.serving.cache is not None,
+                    limiter=self.serving.limiter,
+                    honest_overload=self.serving.honest_overload,
                 )
         except BaseException as exc:
             await asyncio.gather(*(i.stop() for i in started), return_exceptions=True)

@@ -13,6 +13,7 @@ Rules of this file:
 from __future__ import annotations
 
 from ..backends.base import Backend, ModelInstance, ModelSpec
+from ..core.rate_limiter import RateLimiter
 from ..core.registry import ServingVersion
 from ..core.stats import ModelStats
 from ..errors import InvalidArgument, NotFound, ServerError
@@ -32,6 +33,8 @@ async def start_version(
     *,
     generation: int = 0,
     cache: bool = False,
+    limiter: RateLimiter | None = None,
+    honest_overload: bool = False,
 ) -> ServingVersion:
     """Start ``spec``'s instances and return the version serving over them, warmed up.
     ``cache``: the server has a response cache (``scheduling.serving_version.build``)."""
@@ -53,10 +56,19 @@ async def start_version(
         raise InvalidArgument(
             f"load failed for model '{name}': version {v} is at UNAVAILABLE state: {errors[0]}"
         ) from errors[0]
-    sv = build_version(spec, instances, stats, generation=generation, cache=cache)
+    sv = build_version(
+        spec,
+        instances,
+        stats,
+        generation=generation,
+        cache=cache,
+        limiter=limiter,
+        honest_overload=honest_overload,
+    )
     try:
         await warm_up(sv, instances)  # before READY, on every instance
     except ServerError as exc:
+        sv.scheduler.close()  # it never serves: its instances leave the rate limiter
         raise InvalidArgument(
             f"load failed for model '{name}': version {v} is at UNAVAILABLE state: {exc}"
         ) from None

@@ -6,7 +6,14 @@ Rules of this file:
   iteration in which jobs arrived, when an instance frees up, and from one timer armed at
   the next batching deadline or queue timeout. There is no polling loop.
 - An instance runs one batch at a time; N instances run N batches concurrently.
-- A full queue and an expired timeout refuse the request at once with Unavailable.
+- A full queue and an expired timeout refuse the request at once with ``Overloaded``
+  (UNAVAILABLE, Triton's answer; RESOURCE_EXHAUSTED with ``--overload-status=429``), which
+  carries a Retry-After estimate from the queue's drain rate (``overload.py``).
+- With the rate limiter (``core/rate_limiter.py``, ``--rate-limit=execution_count``) an idle
+  instance starts a batch only once the limiter grants it its resources: the scheduler stages
+  one instance (the one of this model with the fewest executions x priority) when a batch is
+  ready, and the jobs stay queued (pending, queue time running) until the grant; the
+  resources are given back when the execution ends. Without it, any idle instance starts.
 - A request the model released to run again (``RESCHEDULED`` in its slot) goes back to
   the queue only where the scheduler handles it (the sequence batcher's iterative
   sequences); elsewhere it is answered with the error Triton logs for it (Triton leaves the
@@ -27,13 +34,15 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ExecuteResult, ModelInstance, Rescheduled
+from ..core.rate_limiter import RateLimiter, Slot
 from ..core.stats import ModelStats
-from ..errors import Internal, ServerError, Unavailable
+from ..errors import Internal, InvalidArgument, Overloaded, ServerError, Status
 from ..host.timer import DeadlineTimer
 from ..types import InferRequest, InferResponse
+from .overload import DrainRate
 from .policy import BatchPolicy, Job, take_batch
 
-__all__ = ["Scheduler", "QueuePolicy", "RESCHEDULE_REFUSED"]
+__all__ = ["Scheduler", "QueuePolicy", "instance_limits", "RESCHEDULE_REFUSED"]
 
 log = logging.getLogger("sluice.scheduler")
 
@@ -64,12 +73,32 @@ class Scheduler:
         config: mc.ModelConfig,
         instances: list[ModelInstance],
         stats: ModelStats,
+        *,
+        limiter: RateLimiter | None = None,
+        honest_overload: bool = False,
     ) -> None:
         self.model = model
         self.version = version
         self.stats = stats
         self._instances = list(instances)
         self._idle: list[ModelInstance] = list(instances)
+        # Triton's ensembles are not rate limited (their steps' models are)
+        self._limiter = limiter if config.platform != "ensemble" else None
+        self._slots: dict[int, Slot] = {}  # id(instance) -> its place in the limiter
+        if self._limiter is not None:
+            limits = instance_limits(config)
+            pad = [(0, None)] * max(0, len(instances) - len(limits))
+            try:
+                slots = self._limiter.register(model, version, [*limits, *pad][: len(instances)])
+            except InvalidArgument as exc:  # as a failed load reads in Triton
+                raise InvalidArgument(
+                    f"load failed for model '{model}': version {version} is at UNAVAILABLE "
+                    f"state: Invalid argument: {exc}"
+                ) from None
+            self._slots = {id(i): s for i, s in zip(instances, slots, strict=True)}
+        # the status of a full queue or queue timeout: Triton's UNAVAILABLE, or honestly
+        self._overload = Status.RESOURCE_EXHAUSTED if honest_overload else None
+        self._drained = DrainRate()
         db = config.dynamic_batching if config.HasField("dynamic_batching") else None
         max_batch = config.max_batch_size
         self.policy = BatchPolicy(
@@ -126,10 +155,12 @@ class Scheduler:
         level = self.default_level if priority <= 0 or priority > self.levels else priority - 1
         qp = self._queue_policies[level]
         if qp.max_queue_size and len(self._queues[level]) >= qp.max_queue_size:
-            raise Unavailable(
+            raise Overloaded(
                 f"Exceeds maximum queue size: model '{self.model}' version {self.version} "
                 f"already has {qp.max_queue_size} request(s) queued at priority level "
-                f"{level + 1} (max_queue_size {qp.max_queue_size})"
+                f"{level + 1} (max_queue_size {qp.max_queue_size})",
+                self._overload,
+                retry_after=self._drained.retry_after(len(self._queues[level])),
             )
         now = time.monotonic_ns()
         timeout_ns = qp.timeout_ns
@@ -174,6 +205,7 @@ class Scheduler:
                     del q[i]
                     self._queued -= 1
                     self.stats.pending -= 1
+                    self._unstage_if_idle()
                     self._maybe_idle()
                     return
 
@@ -192,10 +224,14 @@ class Scheduler:
                 if wait_until:
                     self._arm(wait_until)
                 break
-            jobs = self._pop(n)
-            self._start(jobs)
+            inst = self._acquire()
+            if inst is None:  # waits for the rate limiter
+                break
+            self._start(self._pop(n), inst)
         if self._idle and not self._queued and self._delayed:
-            self._start([self._delayed.popleft()])
+            inst = self._acquire()
+            if inst is not None:
+                self._start([self._delayed.popleft()], inst)
         if self._has_timeouts and self._queued:
             nearest = min(
                 (q[0].deadline_ns for q in self._queues if q and q[0].deadline_ns), default=0
@@ -213,8 +249,76 @@ class Scheduler:
         self._queued -= n
         return jobs
 
-    def _start(self, jobs: list[Job]) -> None:
-        inst = self._idle.pop()
+    # ------------------------------------------------------------ rate limiter
+    def _acquire(self) -> ModelInstance | None:
+        """An idle instance that may start a batch now, taken out of the idle ones; None
+        while the rate limiter has not granted one (it calls ``_on_grant`` when it does)."""
+        if self._limiter is None:
+            return self._idle.pop()
+        staged = None
+        for inst in self._idle:
+            slot = self._slots[id(inst)]
+            if slot.held:
+                self._idle.remove(inst)
+                return inst
+            if slot.staged:
+                staged = inst
+        if staged is not None:  # one waits already: the batch goes to it
+            return None
+        # Triton's order among a model's instances: fewest executions x priority first
+        inst = min(self._idle, key=lambda i: self._slots[id(i)].score)
+        if self._may_start(inst):
+            self._idle.remove(inst)
+            return inst
+        return None
+
+    def _may_start(self, inst: ModelInstance) -> bool:
+        """Whether idle ``inst`` may execute now: always without the limiter, else once its
+        resources are granted (asked for here if it does not wait already)."""
+        if self._limiter is None:
+            return True
+        slot = self._slots[id(inst)]
+        if slot.held:
+            return True
+        if slot.staged:
+            return False
+        return self._limiter.request(slot, self._on_grant)
+
+    def _on_grant(self) -> None:
+        """The limiter granted a staged instance: start its batch; a grant left unused (its
+        jobs left the queue meanwhile, or wait for a fuller batch) goes back at once."""
+        self._dispatch()
+        limiter = self._limiter
+        if limiter is None:
+            return
+        for inst in self._idle:
+            slot = self._slots[id(inst)]
+            if slot.held:
+                limiter.release(slot, executed=False)
+
+    def _unstage_if_idle(self) -> None:
+        """Nothing queued any more: an instance waiting for the limiter stops waiting."""
+        if self._limiter is None or self._queued:
+            return
+        for inst in self._idle:
+            self._limiter.withdraw(self._slots[id(inst)])
+
+    def _release(self, inst: ModelInstance) -> None:
+        """``inst``'s execution ended: its resources go back to the limiter, and it waits
+        for them again at once if it has more work."""
+        if self._limiter is not None:
+            again = self._on_grant if self._has_work(inst) else None
+            self._limiter.release(self._slots[id(inst)], again=again)
+
+    def _has_work(self, inst: ModelInstance) -> bool:
+        """Whether idle ``inst`` should wait for the limiter now: something is queued and no
+        other instance of this model waits already."""
+        if not (self._queued or self._delayed):
+            return False
+        return not any(self._slots[id(i)].staged for i in self._idle)
+
+    def _start(self, jobs: list[Job], inst: ModelInstance) -> None:
+        self._drained.add(len(jobs))
         self._running += 1
         slot: list[Any] | None = None
         if self._ordered:
@@ -254,9 +358,11 @@ class Scheduler:
                     self.stats.pending -= 1
                     if not job.future.done():
                         job.future.set_exception(
-                            Unavailable(
+                            Overloaded(
                                 f"Request timeout expired: model '{self.model}' version {self.version} "
-                                "did not start the request within its queue timeout"
+                                "did not start the request within its queue timeout",
+                                self._overload,
+                                retry_after=self._drained.retry_after(len(q)),
                             )
                         )
                     self._maybe_idle()
@@ -264,6 +370,7 @@ class Scheduler:
                     keep.append(job)
             if changed:
                 self._queues[level] = keep
+        self._unstage_if_idle()
 
     # --------------------------------------------------------------------- run
     async def _run(self, inst: ModelInstance, jobs: list[Job], slot: list[Any] | None) -> None:
@@ -301,11 +408,14 @@ class Scheduler:
         finally:
             self._idle.append(inst)
             self._running -= 1
-        if traced and self._trace_compute:
-            _trace_compute(jobs, start, time.monotonic_ns(), result)
-        if result is not None and result.rescheduled:
-            jobs, results = self._reschedule(jobs, results)
-        self._finished(jobs, results)
+        try:
+            if traced and self._trace_compute:
+                _trace_compute(jobs, start, time.monotonic_ns(), result)
+            if result is not None and result.rescheduled:
+                jobs, results = self._reschedule(jobs, results)
+            self._finished(jobs, results)
+        finally:  # after _finished: the sequence batcher's sequences are free again
+            self._release(inst)
         # The next batch first: its task is queued before the callers woken by _deliver, so
         # the instance starts on it while their responses are encoded and written (measured:
         # a BLS chain at c=8 over HTTP x1.11-1.19, add_sub at c=32 x1.01-1.06).
@@ -390,7 +500,14 @@ class Scheduler:
                     job.future.set_exception(error)
         self._maybe_idle()
 
+    def close(self) -> None:
+        """Leave the rate limiter (at stop, or when the version never served). Idempotent."""
+        if self._limiter is not None:
+            self._limiter.unregister(self._slots.values())
+            self._limiter = None
+
     async def stop(self, grace: float | None = None) -> None:
+        self.close()
         if self._timer is not None:
             self._timer.close()
             self._timer = None
@@ -399,6 +516,18 @@ class Scheduler:
                 await inst.stop(grace)
             except Exception:  # stop must not raise; log and go on
                 log.exception("stopping instance %s", getattr(inst, "name", "?"))
+
+
+def instance_limits(config: mc.ModelConfig) -> list[tuple[int, Any]]:
+    """``(device, rate_limiter config or None)`` per instance, in the order the backends
+    create them (``backends.batching.instance_names``): CPU instances are on device 0."""
+    out: list[tuple[int, Any]] = []
+    for group in config.instance_group:
+        gpus = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else []
+        limits = group.rate_limiter if group.HasField("rate_limiter") else None
+        for device in gpus or [0]:
+            out += [(int(device), limits)] * max(int(group.count), 1)
+    return out
 
 
 def _trace_queue(jobs: list[Job]) -> None:

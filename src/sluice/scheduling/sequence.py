@@ -30,6 +30,8 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
 - A request must have batch size 1 (Triton: "inference request to model 'm' must specify
   batch-size 1 due to requirements of sequence batcher").
 - Requests batch together only when their non-batch input shapes (and state shapes) match.
+- With the rate limiter, an instance with a ready batch asks for its resources and starts
+  it once they are granted (each instance waits on its own: its sequences are bound to it).
 - Iterative sequences (``iterative_sequence: true``, Triton 2.51, checked on this machine): a
   request without a correlation id gets one of its own (1, 2, ... per model version) and
   START; a model may release it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (python
@@ -58,6 +60,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance, Rescheduled
+from ..core.rate_limiter import RateLimiter
 from ..core.stats import ModelStats
 from ..errors import InvalidArgument, ServerError, Status, WorkerLost
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
@@ -99,8 +102,19 @@ class SequenceScheduler(Scheduler):
         instances: list[ModelInstance],
         stats: ModelStats,
         model_dir: Path | None = None,
+        *,
+        limiter: RateLimiter | None = None,
+        honest_overload: bool = False,
     ) -> None:
-        super().__init__(model, version, config, instances, stats)
+        super().__init__(
+            model,
+            version,
+            config,
+            instances,
+            stats,
+            limiter=limiter,
+            honest_overload=honest_overload,
+        )
         sb = config.sequence_batching
         self._states = implicit_state(config, model_dir, model, version)
         self._max_batch = max(config.max_batch_size, 1)
@@ -239,6 +253,8 @@ class SequenceScheduler(Scheduler):
                 if now < due:
                     wait_until = due if not wait_until else min(wait_until, due)
                     continue
+            if not self._may_start(inst):  # the rate limiter calls back when it may
+                continue
             jobs = []
             states = self._states
             for s in chosen:
@@ -254,12 +270,18 @@ class SequenceScheduler(Scheduler):
                     states.feed(s.state, job.request)
             self._queued -= len(jobs)
             self._idle.remove(inst)
+            self._drained.add(len(jobs))
             self._running += 1
             task = self._loop.create_task(self._run(inst, jobs, None))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if wait_until:
             self._arm(wait_until)
+
+    def _has_work(self, inst: ModelInstance) -> bool:
+        return any(
+            s.instance is inst and s.pending and not s.running for s in self._sequences.values()
+        )
 
     def _batch_key(self, s: _Sequence) -> tuple[Any, ...]:
         job = s.pending[0]

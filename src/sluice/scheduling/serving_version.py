@@ -14,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 from ..backends.base import ModelInstance, ModelSpec
+from ..core.rate_limiter import RateLimiter
 from ..core.registry import ServingVersion, tensor_infos
 from ..core.stats import ModelStats
 from .scheduler import Scheduler
@@ -29,17 +30,33 @@ def build(
     *,
     generation: int = 0,
     cache: bool = False,
+    limiter: RateLimiter | None = None,
+    honest_overload: bool = False,
 ) -> ServingVersion:
     """The serving version of ``spec`` over started ``instances``: its scheduler (the
     sequence batcher when the config has one), tensor tables and flags. ``cache``: the
-    server has a response cache (the version uses it if its config enables it)."""
+    server has a response cache (the version uses it if its config enables it).
+    ``limiter``: the server's rate limiter (``--rate-limit=execution_count``), which the
+    instances register with here (InvalidArgument when its resources cannot serve them).
+    ``honest_overload``: a full queue or queue timeout answers RESOURCE_EXHAUSTED."""
     config = spec.config
     name, v = spec.name, str(spec.version)
     sequence = config.HasField("sequence_batching")
     scheduler = (
-        SequenceScheduler(name, v, config, instances, stats, spec.model_dir)
+        SequenceScheduler(
+            name,
+            v,
+            config,
+            instances,
+            stats,
+            spec.model_dir,
+            limiter=limiter,
+            honest_overload=honest_overload,
+        )
         if sequence
-        else Scheduler(name, v, config, instances, stats)
+        else Scheduler(
+            name, v, config, instances, stats, limiter=limiter, honest_overload=honest_overload
+        )
     )
     inputs = tensor_infos(list(config.input))
     decoupled = config.model_transaction_policy.decoupled

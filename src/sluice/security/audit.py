@@ -93,6 +93,10 @@ class AuditLog:
             f.write(line + "\n")
             f.flush()
 
+    def write_result(self, error: BaseException | None, **fields: Any) -> None:
+        """``write`` with the outcome of ``error`` ("ok" when None)."""
+        self.write(outcome=outcome(error), **fields)
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:

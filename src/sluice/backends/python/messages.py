@@ -225,7 +225,7 @@ class BlsCall:
 
 @dataclass(frozen=True, slots=True)
 class MetricCall:
-    """A custom-metric call from ``pb_utils`` (``observability/custom_metrics.py``).
+    """A custom-metric call from ``pb_utils`` (``custom_metrics.py``).
 
     ``op`` and ``args``: "family" (name, description, kind); "metric" (family, labels JSON,
     buckets, block name, first cell): the worker then writes the series in that block;

@@ -2,7 +2,7 @@
 
 Rules of this file:
 - The instance is the owner of what its worker declares in the server's ``CustomMetrics``
-  (``observability/custom_metrics.py``): its worker restarts keep it (``worker_gone`` folds
+  (``custom_metrics.py``): its worker restarts keep it (``worker_gone`` folds
   what the dead worker counted), its stop takes it away (``close``).
 - Calls are handled at once, in the event loop (no task: nothing here waits). There are
   few: a family or series declared, a ``value()`` asked; counting goes through the cells.
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ...observability.custom_metrics import CustomMetrics, MetricError
+from .custom_metrics import CustomMetrics, MetricError
 from .messages import MetricCall, MetricReply
 from .metric_cells import MappedBlocks
 from .shm import unlink_segment

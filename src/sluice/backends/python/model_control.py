@@ -22,7 +22,6 @@ import logging
 from typing import Any
 
 from ...errors import InvalidArgument, ServerError
-from ...security.audit import outcome
 from .messages import ModelControlCall
 
 __all__ = ["ModelController", "parse_version"]
@@ -153,11 +152,11 @@ class ModelController:
     def _audit(self, caller: str, msg: ModelControlCall, error: BaseException | None) -> None:
         if self.audit is None:
             return
-        self.audit.write(
+        self.audit.write_result(
+            error,
             key="",
             client=f"model '{caller}'",
             protocol="python",
             action=msg.op,
             model=msg.model,
-            outcome=outcome(error),
         )
