@@ -96,6 +96,19 @@ class InferenceService:
     def ready(self) -> bool:
         return self._accepting and self.manager.server_ready()
 
+    async def ready_checked(self) -> bool:
+        """``ready()``, and with strict readiness every required model's own check too
+        (python's ``is_ready``), as later Triton releases ask every ready model's instances
+        from the server readiness endpoints."""
+        if not self.ready():
+            return False
+        if not self.config.strict_readiness:
+            return True
+        versions = [
+            sv for rec in self.registry.records() if rec.required for sv in rec.serving.values()
+        ]
+        return await self.serving.versions_ready(versions)
+
     def server_metadata(self) -> dict[str, Any]:
         return {
             "name": self.config.server_name,
@@ -109,6 +122,18 @@ class InferenceService:
         if version and not version.isdigit():
             raise bad_version(name, version)
         return self._accepting and self.manager.is_ready(name, version)
+
+    async def model_ready_checked(self, name: str, version: str = "") -> bool:
+        """``model_ready()``, then the model's own check (python's ``is_ready``): the
+        model readiness endpoints (HTTP ``/v2/models/<m>[/versions/<v>]/ready``, gRPC
+        ModelReady)."""
+        if not self.model_ready(name, version):
+            return False
+        try:
+            sv = self.serving.get(name, version)
+        except ServerError:
+            return False
+        return await self.serving.versions_ready([sv])
 
     def _serving(self, name: str, version: str) -> ServingVersion:
         check_model_name(name)

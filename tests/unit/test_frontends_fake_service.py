@@ -58,6 +58,9 @@ class ToyService(InferenceService):
     def ready(self) -> bool:
         return self.is_ready
 
+    async def ready_checked(self) -> bool:
+        return self.ready()  # no model of its own to ask
+
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "sluice", "version": "0.1.0", "extensions": ["model_repository"]}
 
@@ -67,6 +70,9 @@ class ToyService(InferenceService):
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.models.get(name) == "READY"
+
+    async def model_ready_checked(self, name: str, version: str = "") -> bool:
+        return self.model_ready(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         self._known(name)

@@ -44,6 +44,9 @@ class Service:
     def model_ready(self, name: str, version: str = "") -> bool:
         return name == "ready"
 
+    async def model_ready_checked(self, name: str, version: str = "") -> bool:
+        return self.model_ready(name, version)  # no model of its own to ask
+
     async def load_model(self, name: str, params: Any = None) -> None:
         self.asked.append(("load", name, params))
         await self.release.wait()

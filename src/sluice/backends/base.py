@@ -7,13 +7,17 @@ Rules of this file:
 - ``execute`` gets the requests of one batch (already validated against the config) and
   returns one entry per request, in order: an ``InferResponse`` or a ``ServerError`` for
   that request alone. It raises only when the whole batch failed (e.g. the worker died).
+- A request the model released to be executed again (python's
+  ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``) gets ``RESCHEDULED`` in its slot and the
+  result says ``rescheduled``: the scheduler queues it again (iterative sequences) or
+  answers it with an error.
 - Timings come back with the result so the parent records statistics and metrics.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +30,8 @@ from ..types import InferRequest, InferResponse
 __all__ = [
     "ModelSpec",
     "ExecuteResult",
+    "RESCHEDULED",
+    "Rescheduled",
     "ModelInstance",
     "Backend",
     "register_backend",
@@ -47,12 +53,25 @@ class ModelSpec:
     serving: Any = field(default=None, compare=False)
 
 
+class Rescheduled:
+    """The type of ``RESCHEDULED``: no answer yet, the request goes back to its scheduler."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RESCHEDULED"
+
+
+RESCHEDULED = Rescheduled()
+
+
 @dataclass(slots=True)
 class ExecuteResult:
-    results: list[InferResponse | ServerError]
+    results: Sequence[InferResponse | ServerError | Rescheduled]
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    rescheduled: bool = False  # some slot of results is RESCHEDULED
 
 
 class ModelInstance(Protocol):

@@ -17,6 +17,9 @@ Rules of this file:
   layout: its validation answer is kept here, by the layout's identity and for the version it
   was checked against, at most ``MAX_CHECKED`` of them (past that the map starts over). The
   layout object itself carries no serving state.
+- Readiness asks the model itself only where it has a check of its own (python models that
+  define ``is_ready``: instances with ``has_ready_check``), every such instance at once;
+  any instance not ready makes the version not ready. Others cost nothing here.
 - A request whose caller goes away before its answer (client disconnected, call cancelled,
   deadline passed) counts once, as a failure with reason CANCELED, whether it was still
   queued (it leaves the queue: ``scheduler.py``) or executing (its answer is dropped).
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -57,6 +61,8 @@ from .registry import Registry, ServingVersion
 from .validation import check_model_name, check_request
 
 __all__ = ["Serving", "DECOUPLED_REFUSED", "MAX_CHECKED"]
+
+log = logging.getLogger("sluice.serving")
 
 DECOUPLED_REFUSED = "doesn't support models with decoupled transaction policy"
 # validation answers kept by request layout (the gRPC and HTTP codecs learn at most 256 each)
@@ -101,6 +107,32 @@ class Serving:
         # by InferenceService)
         self.custom_metrics = CustomMetrics()
         self.model_control: Any = None
+
+    # -------------------------------------------------------------- readiness
+    async def versions_ready(self, versions: list[ServingVersion]) -> bool:
+        """Whether the models of ``versions`` say they are ready now (their own checks:
+        python's ``is_ready``, 5 s at most each, all asked at once); True when none has
+        a check."""
+        checks = []
+        for sv in versions:
+            for inst in getattr(sv.scheduler, "instances", ()):  # ensembles: none
+                if getattr(inst, "has_ready_check", False):
+                    checks.append((sv, inst))
+        if not checks:
+            return True
+        reasons = await asyncio.gather(*(inst.check_ready() for _, inst in checks))  # type: ignore[attr-defined]
+        ready = True
+        for (sv, inst), why in zip(checks, reasons, strict=True):
+            if why:
+                ready = False
+                log.debug(
+                    "model '%s' version %s instance '%s' is not ready: %s",
+                    sv.spec.name,
+                    sv.version_str,
+                    inst.name,
+                    why,
+                )
+        return ready
 
     # ---------------------------------------------------------------- lookups
     def get(self, name: str, version: str = "") -> ServingVersion:

@@ -117,13 +117,14 @@ class GrpcHandlers:
         return pb.ServerLiveResponse(live=self.service.live())
 
     async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.service.ready())
+        return pb.ServerReadyResponse(ready=await self.service.ready_checked())
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
         return codec.server_metadata_response(self.service.server_metadata())
 
     async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+        ready = await self.service.model_ready_checked(request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         return codec.model_metadata_response(

@@ -452,7 +452,7 @@ class HttpFrontend:
         return _OK_EMPTY if self.service.live() else _NOT_READY
 
     async def _ready(self, scope: Scope, receive: Receive) -> Result:
-        return _OK_EMPTY if self.service.ready() else _NOT_READY
+        return _OK_EMPTY if await self.service.ready_checked() else _NOT_READY
 
     async def _all_statistics(self, scope: Scope, receive: Receive) -> Result:
         return _json(self.service.model_statistics())
@@ -465,7 +465,8 @@ class HttpFrontend:
     async def _model_ready(
         self, scope: Scope, receive: Receive, name: str, version: str = ""
     ) -> Result:
-        return _OK_EMPTY if self.service.model_ready(name, version) else _MODEL_NOT_READY
+        ready = await self.service.model_ready_checked(name, version)
+        return _OK_EMPTY if ready else _MODEL_NOT_READY
 
     async def _model_config(
         self, scope: Scope, receive: Receive, name: str, version: str = ""

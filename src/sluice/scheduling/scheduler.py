@@ -14,6 +14,10 @@ Rules of this file:
   one instance (the one of this model with the fewest executions x priority) when a batch is
   ready, and the jobs stay queued (pending, queue time running) until the grant; the
   resources are given back when the execution ends. Without it, any idle instance starts.
+- A request the model released to run again (``RESCHEDULED`` in its slot) goes back to
+  the queue only where the scheduler handles it (the sequence batcher's iterative
+  sequences); elsewhere it is answered with the error Triton logs for it (Triton leaves the
+  client waiting).
 - ``drain()`` waits until nothing is queued or running (used before an unload), and then
   for the instances that stream after ``execute`` returns (decoupled python models: they
   have ``drain()`` and ``fail_streams(error)``) to close their streams.
@@ -29,7 +33,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ExecuteResult, ModelInstance
+from ..backends.base import ExecuteResult, ModelInstance, Rescheduled
 from ..core.rate_limiter import RateLimiter, Slot
 from ..core.stats import ModelStats
 from ..errors import Internal, InvalidArgument, Overloaded, ServerError, Status
@@ -38,11 +42,17 @@ from ..types import InferRequest, InferResponse
 from .overload import DrainRate
 from .policy import BatchPolicy, Job, take_batch
 
-__all__ = ["Scheduler", "QueuePolicy", "instance_limits"]
+__all__ = ["Scheduler", "QueuePolicy", "instance_limits", "RESCHEDULE_REFUSED"]
 
 log = logging.getLogger("sluice.scheduler")
 
 _REJECT = mc.ModelQueuePolicy.REJECT
+# Triton's text for a request released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE by a model
+# whose scheduler does not reschedule (no sequence_batching { iterative_sequence: true })
+RESCHEDULE_REFUSED = (
+    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+    "configured to handle such a flag."
+)
 
 
 class QueuePolicy:
@@ -377,7 +387,7 @@ class Scheduler:
         result: ExecuteResult | None = None
         try:
             result = await inst.execute([job.request for job in jobs])
-            results = result.results
+            results = result.results  # type: ignore[assignment]  # a list, always
             if len(results) != len(jobs):
                 raise Internal(
                     f"model '{self.model}' returned {len(results)} responses for "
@@ -401,6 +411,8 @@ class Scheduler:
         try:
             if traced and self._trace_compute:
                 _trace_compute(jobs, start, time.monotonic_ns(), result)
+            if result is not None and result.rescheduled:
+                jobs, results = self._reschedule(jobs, results)
             self._finished(jobs, results)
         finally:  # after _finished: the sequence batcher's sequences are free again
             self._release(inst)
@@ -420,6 +432,19 @@ class Scheduler:
                     self._deliver(done_jobs, done_results)
         self._maybe_idle()
 
+    def _reschedule(self, jobs: list[Job], results: list[Any]) -> tuple[list[Job], list[Any]]:
+        """The batch's jobs still to answer, with their results, once those the model
+        released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE are queued again. Here none
+        can be: each is answered with Triton's error (only iterative sequences reschedule)."""
+        log.error(
+            "model '%s' version %s: Failed to release request: %s",
+            self.model,
+            self.version,
+            RESCHEDULE_REFUSED,
+        )
+        refused = Internal(RESCHEDULE_REFUSED)
+        return jobs, [refused if type(r) is Rescheduled else r for r in results]
+
     def _finished(self, jobs: list[Job], results: list[Any]) -> None:
         """What a subclass records about a finished batch before the next dispatch (the
         sequence batcher frees the batch's sequences); nothing here."""
@@ -433,6 +458,11 @@ class Scheduler:
                 else:
                     fut.set_result(res)
         self.stats.pending -= len(jobs)
+
+    @property
+    def instances(self) -> tuple[ModelInstance, ...]:
+        """The instances this scheduler runs batches on (readiness asks them)."""
+        return tuple(self._instances)
 
     # ------------------------------------------------------------------- drain
     @property

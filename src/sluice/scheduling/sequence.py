@@ -32,6 +32,16 @@ Rules of this file (Triton 2.51's behaviour, checked on this machine, except whe
 - Requests batch together only when their non-batch input shapes (and state shapes) match.
 - With the rate limiter, an instance with a ready batch asks for its resources and starts
   it once they are granted (each instance waits on its own: its sequences are bound to it).
+- Iterative sequences (``iterative_sequence: true``, Triton 2.51, checked on this machine): a
+  request without a correlation id gets one of its own (1, 2, ... per model version) and
+  START; a model may release it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (python
+  models), which queues it again in its sequence (same instance, same correlation id,
+  START and END cleared: the model sees flags 0) until an execution answers it, or its
+  client goes away (then it is released, not executed again). Each
+  execution counts as a success in the statistics (inference and execution counts too);
+  each request's final release ends its sequence, which Triton does with an internal
+  cancelled request that counts one failed inference (reason CANCELED): counted here too,
+  so the statistics compare.
 - Implicit state (``state [...]``) lives in ``state.py``: fed to each request as it is
   dispatched, kept from its response as it is delivered, held on the sequence (so END and
   idle release drop it). Models without states pay nothing for it.
@@ -49,10 +59,10 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ModelInstance
+from ..backends.base import ModelInstance, Rescheduled
 from ..core.rate_limiter import RateLimiter
 from ..core.stats import ModelStats
-from ..errors import InvalidArgument, WorkerLost
+from ..errors import InvalidArgument, ServerError, Status, WorkerLost
 from ..protocol.datatypes import config_to_kserve, kserve_to_numpy
 from ..types import InferRequest, InferResponse
 from .policy import Job, window_start
@@ -64,6 +74,7 @@ __all__ = ["SequenceScheduler"]
 _SB = mc.ModelSequenceBatching
 _DEFAULT_IDLE_US = 1_000_000
 _STRING_CORRID_TYPES = {mc.TYPE_STRING}
+_GONE = "the request was cancelled: its client went away"
 
 
 @dataclass(slots=True, eq=False)
@@ -118,6 +129,8 @@ class SequenceScheduler(Scheduler):
         self._released: OrderedDict[Any, str] = OrderedDict()
         self._reaper: asyncio.TimerHandle | None = None
         self._job_seq: dict[int, _Sequence] = {}  # id(job) -> its sequence, while it runs
+        self._iterative = sb.iterative_sequence
+        self._next_corr = 1  # the correlation id an iterative request without one gets
 
     # ------------------------------------------------------------------ submit
     def submit(
@@ -130,6 +143,16 @@ class SequenceScheduler(Scheduler):
     ) -> asyncio.Future[InferResponse]:
         params = request.parameters
         corr = params.get("sequence_id", 0)
+        if self._iterative and (corr in (0, "", None) or isinstance(corr, bool)):
+            # a sequence of its own, as Triton's iterative sequencer gives it
+            corr = self._next_corr
+            self._next_corr += 1
+            params = request.parameters = {
+                **params,
+                "sequence_id": corr,
+                "sequence_start": True,
+                "sequence_end": False,
+            }
         if corr in (0, "", None) or isinstance(corr, bool):
             raise InvalidArgument(
                 f"inference request to model '{self.model}' must specify a non-zero or "
@@ -267,6 +290,44 @@ class SequenceScheduler(Scheduler):
         start = _flag(job.request.parameters.get("sequence_start"))
         return job.shape_key, self._states.shapes(None if start else s.state)
 
+    def _reschedule(self, jobs: list[Job], results: list[Any]) -> tuple[list[Job], list[Any]]:
+        if not self._iterative:
+            return super()._reschedule(jobs, results)
+        now = time.monotonic_ns()
+        keep_jobs: list[Job] = []
+        keep_results: list[Any] = []
+        for job, res in zip(jobs, results, strict=True):
+            s = self._job_seq.get(id(job))
+            if type(res) is not Rescheduled or s is None or self._sequences.get(s.corr) is not s:
+                keep_jobs.append(job)
+                keep_results.append(res)
+                continue
+            if job.future.done() or job.request.cancelled:
+                # its client went away (call cancelled, stream closed): not run again, so
+                # a model that would reschedule it for ever lets it go
+                keep_jobs.append(job)
+                keep_results.append(ServerError(_GONE, Status.CANCELLED))
+                continue
+            # this execution counts as a success (Triton's backend reports each one)
+            self.stats.record_success(now - (job.arrival_ns or job.enqueue_ns))
+            del self._job_seq[id(job)]
+            request = job.request
+            request.parameters = {
+                **request.parameters,
+                "sequence_start": False,
+                "sequence_end": False,
+            }
+            self._add_controls(request, s.corr, False, False)
+            job.enqueue_ns = now
+            s.running = False
+            s.last_ns = now
+            s.pending.appendleft(job)
+            self._queued += 1
+        if len(keep_jobs) < len(jobs) and not self._dispatch_soon:
+            self._dispatch_soon = True
+            self._loop.call_soon(self._deferred_dispatch)
+        return keep_jobs, keep_results
+
     def _finished(self, jobs: list[Job], results: list[Any]) -> None:
         # before the base class dispatches again: the sequences may send their next request
         now = time.monotonic_ns()
@@ -276,6 +337,10 @@ class SequenceScheduler(Scheduler):
             s = self._job_seq.pop(id(job), None)
             if s is None:
                 continue
+            if self._iterative:
+                # released: its sequence ends (Triton's internal cancelled END request)
+                s.ended = True
+                self.stats.record_failure(0, "CANCELED")
             if states is not None and isinstance(res, InferResponse):
                 s.state = states.take(s.state, res)
             elif isinstance(res, WorkerLost):

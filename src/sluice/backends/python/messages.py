@@ -42,6 +42,9 @@ __all__ = [
     "encode",
     "decode",
     "OK",
+    "RESCHEDULED",
+    "ReadyCheck",
+    "ReadyAnswer",
 ]
 
 # (name, KServe datatype, shape, offset in arena, nbytes). BYTES data is Triton's
@@ -53,6 +56,9 @@ RequestRef = tuple[str, tuple[TensorRef, ...], tuple[str, ...], str]
 # error message and the code is a pb_utils.TritonError code.
 ResultRef = tuple[int, Any]
 OK = -1
+# code RESCHEDULED: the model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+# and gave no response for it (payload None): the scheduler executes it again.
+RESCHEDULED = -2
 # Tensors of the side channel (decoupled responses, BLS calls and replies), which may be in
 # flight several at a time: (segment, refs, inline). Small tensors ride in ``inline`` (refs
 # are offsets into it); larger ones are in a one-shot segment named ``segment`` that the
@@ -145,6 +151,23 @@ class Cancel:
 class Ready:
     id: int
     pid: int
+    has_is_ready: bool = False  # the model defines is_ready(): readiness asks it
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyCheck:
+    """Parent -> worker: call the model's ``is_ready()`` (only sent when it defines one).
+    Answered by ``ReadyAnswer`` with the same id, from the worker's readiness thread, so
+    an execution in progress does not hold it up."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyAnswer:
+    id: int
+    ready: bool
+    error: str  # "" = is_ready() returned a bool; else why it failed (then not ready)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +274,8 @@ Message = (
     | MetricReply
     | ModelControlCall
     | ModelControlReply
+    | ReadyCheck
+    | ReadyAnswer
 )
 
 _TAGS: dict[type, int] = {
@@ -269,6 +294,8 @@ _TAGS: dict[type, int] = {
     MetricReply: 13,
     ModelControlCall: 14,
     ModelControlReply: 15,
+    ReadyCheck: 16,
+    ReadyAnswer: 17,
 }
 _CLASSES: dict[int, type] = {v: k for k, v in _TAGS.items()}
 _dumps = pickle.dumps

@@ -10,7 +10,8 @@ Rules of this file:
   unloading itself; from ``initialize``, a model whose load already waits (through other
   initialize calls) for the caller's own load; from ``execute``, the unload of a model
   whose request waits (BLS) on this one.
-- ``is_model_ready`` reads the registry: Triton's answer, and Triton's words for a version
+- ``is_model_ready`` reads the registry, then asks the model's own ``is_ready()`` where it
+  has one (as the readiness endpoints do): Triton's answer, and Triton's words for a version
   that is not a number.
 """
 
@@ -102,7 +103,7 @@ class ModelController:
             if msg.op == "ready":
                 version = parse_version(msg.version)
                 try:
-                    return "", bool(service.model_ready(msg.model, version))
+                    return "", bool(await service.model_ready_checked(msg.model, version))
                 except ServerError:
                     return "", False  # a name that cannot be a model is not ready
             if msg.op not in ("load", "unload"):

@@ -305,6 +305,7 @@ class InferenceRequest:
         "_ctx",
         "_sender",
         "_trace",
+        "_release_flags",
     )
 
     def __init__(
@@ -345,6 +346,7 @@ class InferenceRequest:
         self._ctx: tuple[int, int] | None = None
         self._sender: InferenceResponseSender | None = None
         self._trace = trace._ctx if isinstance(trace, InferenceTrace) else None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
     def _make(
@@ -370,6 +372,7 @@ class InferenceRequest:
         r._ctx = ctx
         r._sender = None
         r._trace = None
+        r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -430,6 +433,20 @@ class InferenceRequest:
         if self._sender is None:
             self._sender = InferenceResponseSender(self)
         return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        """How the request is released when ``execute`` returns: exactly
+        ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` sends it back to the scheduler to be
+        executed again (models with ``sequence_batching { iterative_sequence: true }``);
+        any other value (``TRITONSERVER_REQUEST_RELEASE_ALL``, the default) releases it.
+        As in Triton, the last call before ``execute`` returns decides; the value is an
+        unsigned 32-bit integer."""
+        if type(flags) is not int or not 0 <= flags <= 0xFFFFFFFF:
+            raise TypeError(
+                "set_release_flags(): flags must be an unsigned 32-bit integer such as "
+                f"TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, got {flags!r}"
+            )
+        self._release_flags = flags
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS) and wait: an ``InferenceResponse`` (check

@@ -119,6 +119,8 @@ class WorkerClient:
         # everything in flight (the worker died or is stopping): the instance's handlers
         self.on_message: Callable[[Any], None] | None = None
         self.on_failure: Callable[[ServerError], None] | None = None
+        # the model defines is_ready() (its last worker's Ready said so): readiness asks it
+        self.has_is_ready = False
         # the model's EXECUTION_ENV_PATH environment (environments.ExecutionEnv); None: the
         # worker runs under the server's own interpreter
         self.exec_env: Any = None
@@ -316,6 +318,7 @@ class WorkerClient:
                 Status.INTERNAL,
             )
         assert isinstance(reply, Ready)
+        self.has_is_ready = reply.has_is_ready
         child.ready = True
         self._served = True
         self._start_failures = 0

@@ -6,7 +6,9 @@ Rules of this file:
   loop its next ``Execute``, a thread the reply to its BLS call. Whoever needs one reads the
   pipe (one reader at a time, ``_rx_lock``) and files every message it reads where it belongs;
   the others wait on ``_cond``. No extra thread, and the main loop reads its own ``Execute``
-  directly when nobody else is waiting.
+  directly when nobody else is waiting. (A model that defines ``is_ready`` has one more
+  waiter, the worker's readiness thread: checks are answered while an execution runs, as
+  Triton's stub does.)
 - Lock order: ``_rx_lock`` then ``_cond``. A reader files what it read (under ``_cond``)
   before it lets go of the pipe; a waiter only ever tries ``_rx_lock`` without blocking.
 - Writes to the pipe are whole messages under ``_tx_lock`` (a model may send responses from
@@ -35,6 +37,7 @@ from .messages import (
     MetricReply,
     ModelControlCall,
     ModelControlReply,
+    ReadyCheck,
     Respond,
     decode,
     encode,
@@ -72,6 +75,7 @@ class Channel:
         self._cond = threading.Condition()
         self._main: deque[Message] = deque()
         self._replies: dict[int, deque[Any]] = {}
+        self._checks: deque[ReadyCheck] = deque()  # for the readiness thread (is_ready)
         self._closed = False
         self.cancelled: set[tuple[int, int]] = set()
 
@@ -84,6 +88,13 @@ class Channel:
         """The next message for the main loop (Execute, Stop). EOFError: the server is gone."""
         main = self._main
         return self._wait(lambda: main.popleft() if main else None)
+
+    def next_check(self) -> ReadyCheck:
+        """The next readiness check, for the worker's readiness thread (models that define
+        ``is_ready``): it reads the pipe in turn with the others. EOFError: the server is
+        gone."""
+        checks = self._checks
+        return self._wait(lambda: checks.popleft() if checks else None)  # type: ignore[no-any-return]
 
     def expect(self, call_id: int) -> None:
         with self._cond:
@@ -158,6 +169,8 @@ class Channel:
                 box.append(msg)  # type: ignore[arg-type]
         elif kind is Cancel:
             self.cancelled.add((msg.id, msg.index))  # type: ignore[union-attr]
+        elif kind is ReadyCheck:
+            self._checks.append(msg)  # type: ignore[arg-type]
         else:
             self._main.append(msg)
 

@@ -11,6 +11,10 @@ Rules of this file:
 - A request's error (model raised, ``TritonError`` in its response, wrong response count)
   becomes a ``ServerError`` in that request's slot; a worker death raises for the whole batch
   and the worker is restarted.
+- A model that defines ``is_ready()`` is asked by ``check_ready()`` (the readiness
+  endpoints): one check in flight per instance, the callers that come meanwhile share its
+  answer; an answer not there within 5 s (Triton's limit) is not ready. A model without
+  it costs readiness nothing (no message to the worker).
 - A decoupled request is in flight until its final response, also after ``execute`` has
   returned (a model may stream from a thread): ``drain()`` waits for every open stream whose
   client is still there, so an unload or a shutdown waits for them as Triton waits for
@@ -46,7 +50,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...errors import InvalidArgument, NotFound, ServerError, Status
 from ...protocol.config_json import config_to_json_dict
 from ...types import InferRequest, InferResponse
-from ..base import ExecuteResult, ModelInstance, ModelSpec, register_backend
+from ..base import (
+    RESCHEDULED,
+    ExecuteResult,
+    ModelInstance,
+    ModelSpec,
+    Rescheduled,
+    register_backend,
+)
 from ..batching import instance_names
 from .bls import BlsCalls
 from .environments import ENV_PATH_PARAM, EnvError, ExecutionEnv
@@ -58,10 +69,13 @@ from .messages import (
     MetricCall,
     ModelControlCall,
     ModelControlReply,
+    ReadyAnswer,
+    ReadyCheck,
     RequestRef,
     Respond,
     WorkerSetup,
 )
+from .messages import RESCHEDULED as RESCHEDULED_CODE
 from .metric_calls import MetricCalls
 from .pool import WorkerClient, run_auto_complete
 from .settings import PythonSettings, check_model_parameters, python_settings
@@ -80,6 +94,8 @@ _STATUS_OF_CODE = {
     6: Status.ALREADY_EXISTS,
     7: Status.CANCELLED,
 }
+# Triton's limit for one user-defined is_ready() answer (kUserModelReadinessTimeoutMs)
+READY_CHECK_TIMEOUT_S = 5.0
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _instance_serial = itertools.count(1)
 
@@ -267,6 +283,7 @@ class PythonInstance:
         self._batch: list[InferRequest] = []
         self._batch_id = 0
         self._no_streams: asyncio.Event | None = None  # set when the last stream closes
+        self._ready_check: asyncio.Future[str] | None = None  # the is_ready() call in flight
 
     @property
     def callers(self) -> tuple[str, ...]:
@@ -317,6 +334,46 @@ class PythonInstance:
                 None, execution_env, self.spec, self._settings
             )
         await self.worker.start()
+
+    @property
+    def has_ready_check(self) -> bool:
+        """The model defines ``is_ready()``: its readiness is asked (``check_ready``)."""
+        return self.worker.has_is_ready
+
+    async def check_ready(self) -> str:
+        """'' when the model's ``is_ready()`` says ready (or it has none), else why not:
+        it returned False, raised, returned no bool, did not answer within 5 s, or the
+        worker is not running. Callers arriving while a check is in flight share it."""
+        worker = self.worker
+        if not worker.has_is_ready:
+            return ""
+        check = self._ready_check
+        if check is None:
+            if not worker.ready:
+                return f"Stub process '{self.name}' is not healthy."
+            check = self._ready_check = asyncio.ensure_future(self._ask_ready())
+            check.add_done_callback(self._ready_checked)
+        try:
+            return await asyncio.wait_for(asyncio.shield(check), READY_CHECK_TIMEOUT_S)
+        except TimeoutError:
+            return "Timed out waiting for user-defined is_ready() response"
+
+    async def _ask_ready(self) -> str:
+        worker = self.worker
+        try:
+            answer = await worker.call(ReadyCheck(worker.next_id()))
+        except ServerError as exc:
+            return f"Stub process '{self.name}' is not healthy: {exc.message}"
+        assert isinstance(answer, ReadyAnswer)
+        if answer.error:
+            return answer.error
+        if not answer.ready:
+            return f"Model '{self.name}' is not ready (user-defined check failed)."
+        return ""
+
+    def _ready_checked(self, check: asyncio.Future[str]) -> None:
+        if self._ready_check is check:
+            self._ready_check = None
 
     async def execute(self, requests: list[InferRequest]) -> ExecuteResult:
         async with self._lock:
@@ -370,10 +427,15 @@ class PythonInstance:
             self._outputs.attach(reply.arena)
         copy = self._outputs.copy
         model_name, version = self.spec.name, self._model_version
-        results: list[InferResponse | ServerError] = []
+        results: list[InferResponse | ServerError | Rescheduled] = []
         params = reply.parameters
+        rescheduled = False
         for i, (r, (code, payload)) in enumerate(zip(requests, reply.results, strict=True)):
             if code != OK:
+                if code == RESCHEDULED_CODE:
+                    results.append(RESCHEDULED)
+                    rescheduled = True
+                    continue
                 results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
                 continue
             outputs = {}
@@ -391,6 +453,7 @@ class PythonInstance:
             compute_input_ns=(t1 - t0) + reply.compute_input_ns,
             compute_infer_ns=reply.compute_infer_ns,
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
+            rescheduled=rescheduled,
         )
 
     # ---- decoupled responses and BLS calls from the worker ----------------------------
@@ -434,9 +497,16 @@ class PythonInstance:
     def _decoupled_result(
         self, exec_id: int, requests: list[InferRequest], reply: Any, prep_ns: int
     ) -> ExecuteResult:
-        results: list[InferResponse | ServerError] = []
+        results: list[InferResponse | ServerError | Rescheduled] = []
+        rescheduled = False
         for i, (r, (code, payload)) in enumerate(zip(requests, reply.results, strict=True)):
-            if code != OK:
+            if code == RESCHEDULED_CODE:
+                # back to the scheduler: the next execution opens its stream again (what
+                # this execution sent has been delivered: the worker's pipe keeps order)
+                self._streams.pop((exec_id, i), None)
+                results.append(RESCHEDULED)
+                rescheduled = True
+            elif code != OK:
                 self._streams.pop((exec_id, i), None)
                 results.append(ServerError(payload, _STATUS_OF_CODE.get(code, Status.INTERNAL)))
             else:  # resolves the scheduler's future; the stream goes on in r.responses
@@ -446,6 +516,7 @@ class PythonInstance:
             results,
             compute_input_ns=prep_ns + reply.compute_input_ns,
             compute_infer_ns=reply.compute_infer_ns,
+            rescheduled=rescheduled,
         )
 
     def _on_message(self, msg: Any) -> None:

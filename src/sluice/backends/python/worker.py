@@ -7,6 +7,10 @@ Rules of this file:
   are set before numpy (and so OpenBLAS / OpenMP) is first imported.
 - A model's failure never kills the loop: an exception in ``execute`` becomes an error for
   every request of that batch; a bad response becomes an error for its request.
+- A model's ``is_ready()`` runs on a thread of its own (started only for models that define
+  it), so a readiness check is answered while ``execute`` runs, as in Triton's stub. Its
+  answer must be a bool (``async def`` too); anything else, or an exception, is not ready,
+  with why.
 - The loop ends on ``Stop`` (after ``finalize``) or when the server's end of the pipe closes
   (the server died): then the worker removes its shared-memory segments and exits.
 """
@@ -30,11 +34,13 @@ from typing import Any
 from ...host.gcsettings import tune_gc
 from .messages import (
     OK,
+    RESCHEDULED,
     AutoCompleteReply,
     Execute,
     ExecuteReply,
     InitFailed,
     Ready,
+    ReadyAnswer,
     ResultRef,
     Stop,
     Stopped,
@@ -47,6 +53,7 @@ from .runtime import Channel, Runtime
 
 __all__ = ["worker_main", "load_pb_utils", "format_failure"]
 
+_RESCHEDULE = 2  # pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 _PB_UTILS_FILE = Path(__file__).resolve().parent / "pb_utils.py"
 
 
@@ -199,7 +206,14 @@ class _Worker:
             self._cleanup()
             return
         tune_gc()  # the model as initialized is frozen; requests collect less often
-        self.channel.send(Ready(0, os.getpid()))
+        has_is_ready = callable(getattr(self.model, "is_ready", None))
+        self.channel.send(Ready(0, os.getpid(), has_is_ready))
+        if has_is_ready:
+            import threading
+
+            threading.Thread(
+                target=self._readiness_loop, name="sluice-is-ready", daemon=True
+            ).start()
         try:
             self._loop()
         finally:
@@ -226,6 +240,36 @@ class _Worker:
             elif type(msg) is Stop:
                 self._finalize()
                 send(Stopped(msg.id))
+                return
+
+    def _readiness_loop(self) -> None:
+        """Answer the server's readiness checks with the model's ``is_ready()``."""
+        loop: Any = None  # an event loop for ``async def is_ready``, this thread's own
+        while True:
+            try:
+                check = self.channel.next_check()
+            except EOFError:
+                return
+            ready, error = False, ""
+            try:
+                result = self.model.is_ready()
+                if inspect.isawaitable(result):
+                    if loop is None:
+                        import asyncio
+
+                        loop = asyncio.new_event_loop()
+                    result = loop.run_until_complete(result)
+                if type(result) is bool:
+                    ready = result
+                else:
+                    error = "is_ready() must return a boolean value"
+            except Exception as exc:
+                error = format_failure(exc, self.setup.model_file)
+            if error:
+                print(f"model '{self.setup.model_name}' is_ready(): {error}", file=sys.stderr)
+            try:
+                self.channel.send(ReadyAnswer(check.id, ready, error))
+            except OSError:
                 return
 
     def _call_execute(self, requests: list[Any]) -> Any:
@@ -285,13 +329,17 @@ class _Worker:
         t2 = clock()
         if self.decoupled and failed is None:
             # responses went (or will go) through the senders; execute() returns None
-            return ExecuteReply(msg.id, "", ((OK, ()),) * n, t1 - t0, t2 - t1, 0)
+            ok = (OK, ())
+            again = (RESCHEDULED, None)
+            flags = [r._release_flags for r in requests]
+            done = tuple(again if f == _RESCHEDULE else ok for f in flags)
+            return ExecuteReply(msg.id, "", done, t1 - t0, t2 - t1, 0)
         held = self.runtime.held
         if responses is None and held and failed is None:
             # a non-decoupled model that answered through its response senders
             responses = [held.pop((msg.id, i), None) for i in range(n)]
         if failed is None:
-            failed = _response_list_error(responses, n)
+            failed = _response_list_error(responses, n) or _rescheduled_error(requests, responses)
         if failed is not None:
             err = (pb.TritonError.INTERNAL, failed)
             return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, 0)
@@ -358,6 +406,10 @@ class _Worker:
         resp_params: list[str] = []
         for req, resp in zip(requests, responses, strict=True):
             if not isinstance(resp, pb.InferenceResponse):
+                if resp is None and req._release_flags == _RESCHEDULE:
+                    results.append((RESCHEDULED, None))
+                    counts.append(-1)
+                    continue
                 results.append(
                     (
                         pb.TritonError.INTERNAL,
@@ -394,6 +446,19 @@ class _Worker:
                     resp_params = ["{}"] * n
                 resp_params[len(counts) - 1] = resp._parameters
         return results, counts, to_write, resp_params
+
+
+def _rescheduled_error(requests: list[Any], responses: Sequence[Any]) -> str | None:
+    """Triton's text (its typo included) when a request released with
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE has a response in execute()'s list: it must be
+    None there. It fails the whole batch, as in Triton."""
+    for req, resp in zip(requests, responses, strict=True):
+        if resp is not None and req._release_flags == _RESCHEDULE:
+            return (
+                "Expected a None object in the execute function return list for reschduled"
+                f" request, found type '{type(resp)}'."
+            )
+    return None
 
 
 def _response_list_error(responses: Any, n: int) -> str | None:
