@@ -108,6 +108,13 @@ def _add_repository_flags(p: argparse.ArgumentParser) -> None:
         "--load-model, then the API; poll: rescan every --repository-poll-secs",
     )
     p.add_argument(
+        "--model-config-name",
+        default="",
+        metavar="NAME",
+        help="read each model's configs/NAME.pbtxt in place of config.pbtxt (a model without "
+        "one keeps its config.pbtxt)",
+    )
+    p.add_argument(
         "--load-model",
         action="append",
         default=[],
@@ -588,6 +595,7 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
             f"got '{ns.grpc_edge}'"
         )
     from .errors import ServerError
+    from .repository.model_config import check_config_name
     from .repository.remote import default_cache_dir, plan_repositories
 
     cache_dir = ns.repository_cache_dir or default_cache_dir()
@@ -597,6 +605,10 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         parser.error(f"--model-repository: {exc}")
     if ns.repository_timeout_secs <= 0:
         parser.error("--repository-timeout-secs must be > 0")
+    try:
+        check_config_name(ns.model_config_name)
+    except ValueError as exc:
+        parser.error(str(exc))
     if ns.repository_download_parallel < 1:
         parser.error("--repository-download-parallel must be >= 1")
     return ServerConfig(
@@ -607,6 +619,7 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         repository_timeout_secs=ns.repository_timeout_secs,
         repository_download_parallel=ns.repository_download_parallel,
         control_mode=ns.model_control_mode,
+        model_config_name=ns.model_config_name,
         load_models=loads,
         model_control_state=ns.model_control_state,
         strict_readiness=ns.strict_readiness,

@@ -91,6 +91,8 @@ class ServerConfig:
     # --repository-download-parallel: downloads in flight at once per repository
     repository_download_parallel: int = 8
     control_mode: str = ControlMode.NONE
+    # --model-config-name: read <model>/configs/<name>.pbtxt where it exists ("" = config.pbtxt)
+    model_config_name: str = ""
     load_models: tuple[str, ...] = ()
     # --model-control-state: the file recording loaded models, versions, overrides and traffic
     # splits (explicit mode), restored at start ("" = none)

@@ -38,8 +38,8 @@ from ..host.sysmem import format_size
 from ..repository import layout
 from ..repository.devices import check_devices
 from ..repository.model_config import (
-    CONFIG_FILE,
     ConfigParseError,
+    config_path,
     normalise,
     read_config,
     validate,
@@ -88,6 +88,7 @@ class LintOptions:
     gpu: bool  # the serving machine has a GPU
     latency_budget_ms: float | None = None
     auto_complete: bool = True  # as `sluice serve` without --disable-auto-complete-config
+    config_name: str = ""  # as `sluice serve --model-config-name`: configs/<name>.pbtxt first
 
 
 @dataclass(slots=True)
@@ -113,7 +114,7 @@ class _ModelLint:
 
     @property
     def config_file(self) -> str:
-        return str(self.model_dir / CONFIG_FILE)
+        return str(config_path(self.model_dir, self.options.config_name))
 
     def add(self, severity: str, check: str, file: Path | str, message: str, **kw: int) -> None:
         self.findings.append(Finding(severity, self.name, str(file), message, check, **kw))
@@ -222,7 +223,7 @@ class _ModelLint:
     def read(self) -> mc.ModelConfig | None:
         """The config as the load fills it; None when it cannot be read."""
         try:
-            config, _present = read_config(self.model_dir)
+            config, _present = read_config(self.model_dir, self.options.config_name)
         except ConfigParseError as exc:
             self.add(
                 ERROR,
@@ -239,7 +240,7 @@ class _ModelLint:
             return None
         versions = layout.scan_model_dir(self.model_dir).versions
         try:
-            return normalise(config, self.model_dir, versions)
+            return normalise(config, self.model_dir, versions, self.config_file)
         except InvalidArgument as exc:
             self.add(
                 ERROR,
@@ -248,7 +249,7 @@ class _ModelLint:
                 f'{self.clean(exc)}: set name: "{self.name}" (or rename the directory)',
             )
             config.name = ""
-            return normalise(config, self.model_dir, versions)
+            return normalise(config, self.model_dir, versions, self.config_file)
 
     def check_backend(self, config: mc.ModelConfig) -> bool:
         if config.platform == "ensemble":

@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.validation import check_model_name
 from ..errors import NotFound
+from .model_config import CONFIGS_DIR
 
 __all__ = [
     "ModelDirScan",
@@ -95,7 +96,8 @@ def is_version_name(name: str) -> bool:
 
 def scan_model_dir(model_dir: Path) -> ModelDirScan:
     """Versions, skipped directories and root model files of one model directory. Hidden
-    and ``_``-prefixed directories (``__pycache__``) are neither versions nor reported."""
+    and ``_``-prefixed directories (``__pycache__``) and ``configs`` (the named configs of
+    ``--model-config-name``) are neither versions nor reported."""
     try:
         entries = sorted(os.scandir(model_dir), key=lambda e: e.name)
     except OSError as exc:
@@ -107,7 +109,7 @@ def scan_model_dir(model_dir: Path) -> ModelDirScan:
         if entry.is_dir():
             if is_version_name(entry.name):
                 versions.append(int(entry.name))
-            elif not entry.name.startswith((".", "_")):
+            elif not entry.name.startswith((".", "_")) and entry.name != CONFIGS_DIR:
                 not_versions.append(entry.name)
         elif entry.name.endswith(_MODEL_FILE_SUFFIXES):
             root_files.append(entry.name)

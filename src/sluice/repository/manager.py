@@ -49,7 +49,7 @@ from . import layout
 from .admission import MemoryAdmission
 from .devices import check_devices
 from .load_book import LoadBook, Override, Signature
-from .model_config import normalise, parse_config_json, read_config, validate
+from .model_config import config_path, normalise, parse_config_json, read_config, validate
 from .prepare import start_version
 from .remote import RemoteRepositories
 
@@ -279,7 +279,9 @@ class ModelManager:
 
     def is_ensemble(self, name: str) -> bool:
         try:
-            config, _present = read_config(layout.find_model_dir(self.repositories, name))
+            config, _present = read_config(
+                layout.find_model_dir(self.repositories, name), self.config.model_config_name
+            )
         except ServerError:
             return False
         return config.platform == "ensemble"
@@ -426,12 +428,12 @@ class ModelManager:
     def _read_config(
         self, model_dir: Path, config_json: str | None, versions: list[int]
     ) -> mc.ModelConfig:
-        source = str(model_dir / "config.pbtxt")
+        source = str(config_path(model_dir, self.config.model_config_name))
         if config_json:
             source = "the 'config' parameter of the load"
             config = parse_config_json(config_json)
         else:
-            config, _present = read_config(model_dir)
+            config, _present = read_config(model_dir, self.config.model_config_name)
         config = normalise(config, model_dir, versions, source)
         self._warn(config.name or model_dir.name, validate(config, source))
         return config
@@ -495,7 +497,10 @@ class ModelManager:
             config = await asyncio.get_running_loop().run_in_executor(
                 None, backend.auto_complete, probe
             )
-            validate(config, f"{model_dir / 'config.pbtxt'} (after auto-complete)")
+            validate(
+                config,
+                f"{config_path(model_dir, self.config.model_config_name)} (after auto-complete)",
+            )
         self._check_devices(name, config)
         for v in selected:
             if v not in rec.serving:
