@@ -47,6 +47,7 @@ from ..core.validation import check_model_name
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from . import layout
 from .admission import MemoryAdmission
+from .agents import run_agents
 from .devices import check_devices
 from .load_book import LoadBook, Override, Signature
 from .model_config import config_path, normalise, parse_config_json, read_config, validate
@@ -458,6 +459,7 @@ class ModelManager:
         t0 = time.monotonic()
         versions = layout.list_versions(model_dir)
         config = self._read_config(model_dir, config_json, versions)
+        await run_agents(config, model_dir)  # checksum: the files are the ones expected
         backend = backend_for(config)
         composing: list[str] = []
         if config.platform == "ensemble":
