@@ -111,6 +111,13 @@ class ServerConfig:
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
     metrics_interval_ms: int = 2000
+    # --metrics-config: counter_latencies (the *_duration_us counters), summary_latencies (the
+    # *_summary_us summaries) with summary_quantiles ((quantile, error), ...; () = Triton's
+    # defaults), histogram_latencies (accepted; sluice's histograms are always exported)
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    summary_quantiles: tuple[tuple[float, float], ...] = ()
+    histogram_latencies: bool = False
     repository_poll_secs: float = 15.0
     exit_timeout_secs: float = 30.0
     # behind a proxy without health checks: refuse inference while not ready, gRPC listens

@@ -21,7 +21,14 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ..core.cache import ResponseCache
 from ..core.rate_limiter import RateLimiter
 from ..core.registry import Registry
-from ..core.stats import BUCKETS_US, Histogram, ModelStats
+from ..core.stats import (
+    BUCKETS_US,
+    DEFAULT_QUANTILES,
+    Histogram,
+    LatencySummaries,
+    ModelStats,
+    Summary,
+)
 
 __all__ = ["TritonCollector", "build_registry", "COUNTER_FAMILIES", "exposition"]
 
@@ -72,8 +79,13 @@ class TritonCollector(Collector):
         cache: ResponseCache | None = None,
         cpu_metrics: bool = True,
         limiter: RateLimiter | None = None,
+        counter_latencies: bool = True,
+        summary_quantiles: tuple[tuple[float, float], ...] = (),
     ) -> None:
         self.models = models
+        # --metrics-config counter_latencies=false: no *_duration_us counters (as Triton)
+        self.counter_latencies = counter_latencies
+        self.quantiles = summary_quantiles or DEFAULT_QUANTILES
         self.cache = cache
         self.limiter = limiter
         self.cpu_metrics = cpu_metrics
@@ -162,7 +174,11 @@ class TritonCollector(Collector):
         failure = _counter(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes"
         )
-        counters = [(_counter(name, doc), name, value) for name, doc, value in _MODEL_COUNTERS]
+        counters = [
+            (_counter(name, doc), name, value)
+            for name, doc, value in _MODEL_COUNTERS
+            if self.counter_latencies or not name.endswith("_duration_us")
+        ]
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",
@@ -181,6 +197,8 @@ class TritonCollector(Collector):
         hists = [
             (HistogramMetricFamily(name, doc, labels=_LABELS), of) for name, doc, of in _HISTOGRAMS
         ]
+        summaries = [(Metric(name, doc, "summary"), name, of) for name, doc, of in _SUMMARIES]
+        any_summaries = False
         for st in self._stats():
             lv = {"model": st.name, "version": st.version}
             labels = [st.name, st.version]
@@ -199,11 +217,18 @@ class TritonCollector(Collector):
             for hist_family, of in hists:
                 hist = of(st)
                 hist_family.add_metric(labels, _buckets(hist), hist.sum_us)
+            if st.summaries is not None:
+                any_summaries = True
+                for summary_family, name, of_summary in summaries:
+                    _add_summary(summary_family, name, lv, of_summary(st.summaries), self.quantiles)
         yield success
         yield failure
         for family, _, _ in counters:
             yield family
         yield from (pending, load, ratio)
+        if any_summaries:
+            for summary_family, _, _ in summaries:
+                yield summary_family
         for hist_family, _ in hists:
             yield hist_family
 
@@ -268,6 +293,52 @@ _HISTOGRAMS: tuple[tuple[str, str, Callable[[ModelStats], Histogram]], ...] = (
 )
 
 
+# Triton's latency summaries (--metrics-config summary_latencies=true), in its order and with
+# its help texts: (name, help, the summary of a version's LatencySummaries)
+_SUMMARIES: tuple[tuple[str, str, Callable[[LatencySummaries], Summary]], ...] = (
+    (
+        "nv_inference_request_summary_us",
+        "Summary of inference request duration in microseconds (includes cached requests)",
+        lambda s: s.request,
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+        lambda s: s.queue,
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_input,
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_infer,
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_output,
+    ),
+)
+
+
+def _add_summary(
+    family: Metric,
+    name: str,
+    labels: dict[str, str],
+    summary: Summary,
+    quantiles: tuple[tuple[float, float], ...],
+) -> None:
+    """``_count``, ``_sum``, then one sample per quantile (label ``quantile`` last), in
+    Triton's order."""
+    family.add_sample(f"{name}_count", labels, summary.count)
+    family.add_sample(f"{name}_sum", labels, summary.sum_us)
+    for q, value in summary.quantiles(quantiles):
+        family.add_sample(name, {**labels, "quantile": f"{q:g}"}, value)
+
+
 def _cpu_metrics() -> Iterator[Metric]:
     """The host's CPU utilisation (since the previous scrape) and memory, as Triton names them."""
     util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
@@ -324,12 +395,16 @@ def build_registry(
     cpu_metrics: bool = True,
     extra: Collector | None = None,
     limiter: RateLimiter | None = None,
+    counter_latencies: bool = True,
+    summary_quantiles: tuple[tuple[float, float], ...] = (),
 ) -> CollectorRegistry:
     """The Prometheus registry of the models serving in ``models`` (and ``cache``, and the
     rate ``limiter``), plus ``extra`` (the object-storage repositories' counters, where there
     are any)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(models, cache, cpu_metrics, limiter))
+    registry.register(
+        TritonCollector(models, cache, cpu_metrics, limiter, counter_latencies, summary_quantiles)
+    )
     if extra is not None:
         registry.register(extra)
     return registry

@@ -42,7 +42,7 @@ from ..core.registry import (
     ServingVersion,
 )
 from ..core.serving import Serving
-from ..core.stats import ModelStats
+from ..core.stats import LatencySummaries, ModelStats
 from ..core.validation import check_model_name
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from . import layout
@@ -523,7 +523,11 @@ class ModelManager:
                     serving=self.serving,
                 )
                 # cumulative across reloads: the registry keeps them when it is published
-                stats = rec.stats.get(v) or ModelStats(name, str(v))
+                stats = rec.stats.get(v) or ModelStats(
+                    name,
+                    str(v),
+                    summaries=LatencySummaries() if self.config.summary_latencies else None,
+                )
                 new[v] = await start_version(
                     spec,
                     backend,
