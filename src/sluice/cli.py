@@ -116,6 +116,15 @@ def _add_repository_flags(p: argparse.ArgumentParser) -> None:
         "one keeps its config.pbtxt)",
     )
     p.add_argument(
+        "--model-namespacing",
+        type=_bool,
+        default=False,
+        metavar="BOOL",
+        help="a model name may be in several repositories, each its own namespace (a "
+        "request for such a name is refused as ambiguous; an ensemble uses its own "
+        "repository's)",
+    )
+    p.add_argument(
         "--load-model",
         action="append",
         default=[],
@@ -682,6 +691,7 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         **_metrics_config(ns.metrics_config, parser),
         control_mode=ns.model_control_mode,
         model_config_name=ns.model_config_name,
+        model_namespacing=ns.model_namespacing,
         load_models=loads,
         model_control_state=ns.model_control_state,
         strict_readiness=ns.strict_readiness,

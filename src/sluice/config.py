@@ -93,6 +93,8 @@ class ServerConfig:
     control_mode: str = ControlMode.NONE
     # --model-config-name: read <model>/configs/<name>.pbtxt where it exists ("" = config.pbtxt)
     model_config_name: str = ""
+    # --model-namespacing: the same model name in several repositories, one per repository
+    model_namespacing: bool = False
     load_models: tuple[str, ...] = ()
     # --model-control-state: the file recording loaded models, versions, overrides and traffic
     # splits (explicit mode), restored at start ("" = none)

@@ -143,6 +143,14 @@ class Serving:
         return self.get(name, version)
 
     def _not_serving(self, name: str) -> ServerError:
+        # --model-namespacing: models of this name in several repositories are kept under
+        # qualified keys (their directories' paths); a plain name is then ambiguous
+        shared = sum(1 for k in self._records if k.startswith("/") and k.endswith("/" + name))
+        if shared > 1:
+            return InvalidArgument(
+                f"There are {shared} identifiers of model '{name}' in global map, model "
+                "namespace must be provided to resolve ambiguity."
+            )
         check_model_name(name)
         rec = self._records.get(name)
         if rec is not None and rec.states:

@@ -203,6 +203,8 @@ class ModelStats:
     queue_hist: Histogram = field(default_factory=Histogram)
     compute_hist: Histogram = field(default_factory=Histogram)
     load_duration_secs: float = 0.0
+    # --model-namespacing: the model's repository (Triton's ``namespace`` label), else ""
+    namespace: str = ""
     # --metrics-config summary_latencies=true: the summaries (None: not recorded)
     summaries: LatencySummaries | None = None
     # (monotonic s, queue ns, compute infer ns) taken when the ratio is read, oldest first

@@ -167,6 +167,11 @@ class TritonCollector(Collector):
         """Triton's per-model families (success, failure by reason, the counters of
         ``_MODEL_COUNTERS``, pending requests, load time), then sluice's histograms; one
         sample per serving model version in each."""
+        stats = list(self._stats())
+        # --model-namespacing: every model's samples carry its repository, as Triton's
+        label_names = (
+            ["model", "namespace", "version"] if any(st.namespace for st in stats) else _LABELS
+        )
         success = _counter(
             "nv_inference_request_success",
             "Number of successful inference requests, all batch sizes",
@@ -182,26 +187,30 @@ class TritonCollector(Collector):
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",
-            labels=_LABELS,
+            labels=label_names,
         )
         load = GaugeMetricFamily(
-            "nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS
+            "nv_model_load_duration_secs", "Model load time in seconds", labels=label_names
         )
         ratio = GaugeMetricFamily(
             "sluice_model_queue_compute_ratio",
             "Queue time over compute (infer) time in the last minute: "
             "rate(nv_inference_queue_duration_us[1m]) / "
             "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)",
-            labels=_LABELS,
+            labels=label_names,
         )
         hists = [
-            (HistogramMetricFamily(name, doc, labels=_LABELS), of) for name, doc, of in _HISTOGRAMS
+            (HistogramMetricFamily(name, doc, labels=label_names), of)
+            for name, doc, of in _HISTOGRAMS
         ]
         summaries = [(Metric(name, doc, "summary"), name, of) for name, doc, of in _SUMMARIES]
         any_summaries = False
-        for st in self._stats():
+        for st in stats:
             lv = {"model": st.name, "version": st.version}
             labels = [st.name, st.version]
+            if len(label_names) == 3:
+                lv = {"model": st.name, "namespace": st.namespace, "version": st.version}
+                labels = [st.name, st.namespace, st.version]
             success.add_sample("nv_inference_request_success", lv, st.success.count)
             for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
                 failure.add_sample(
