@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.helpers import error_text, grpc_client, grpc_status, index, infer_fp32, post
+from tests.e2e.helpers import (
+    error_text,
+    grpc_client,
+    grpc_status,
+    index,
+    infer_fp32,
+    post,
+    wait_until,
+)
 from tests.zoo import identity, write_model
 
 AMBIGUOUS = (
@@ -144,3 +152,29 @@ def test_without_namespacing_the_first_repository_wins(tmp_path: Path, start_ser
     code, raw = srv.get("/v2/models/m/config")
     assert code == 200 and json.loads(raw)["max_batch_size"] == 8
     assert "model 'm' is in more than one repository" in srv.log()
+
+
+def test_poll_a_name_appearing_in_a_second_repository_gets_two_namespaces(
+    tmp_path: Path, start_server
+) -> None:
+    ra, rb = _repos(tmp_path)
+    srv = start_server(
+        ra,
+        "--model-namespacing=true",
+        f"--model-repository={rb}",
+        "--model-control-mode=poll",
+        "--repository-poll-secs=0.2",
+    )
+    assert infer_fp32(srv, "u", 1.0)[0] == 200
+    identity(rb, "u")
+    wait_until(
+        lambda: (
+            [(e["name"], e.get("state")) for e in index(srv) if e["name"] == "u"]
+            == [("u", "READY"), ("u", "READY")]
+        ),
+        timeout=30,
+        what="u loaded in both repositories",
+        describe=lambda: str(index(srv)),
+    )
+    code, raw = post(srv, "/v2/models/u/infer", {"inputs": []})
+    assert (code, error_text(raw)) == (400, AMBIGUOUS.replace("'m'", "'u'"))

@@ -276,6 +276,13 @@ class ModelManager:
                 out.append(entry)
         return out
 
+    def _on_disk(self, key: str) -> bool:
+        """A repository holds the model of this key (under namespacing the key must be the
+        one the scan gives now: a name that gained or lost a second repository changes)."""
+        if self.config.model_namespacing:
+            return key in self.list_models()
+        return layout.find_model_dir_or_none(self.repositories, key) is not None
+
     def forget_if_unknown(self, rec: ModelRecord) -> None:
         """Drop the record of a name that serves nothing and is in no repository, so that
         loads of made-up names cannot grow the index or the server's memory."""
@@ -284,7 +291,7 @@ class ModelManager:
             and not rec.present
             and not (rec.name in self._books and self._books[rec.name].dependents)
             and rec.name not in self._ensembles
-            and layout.find_model_dir_or_none(self.repositories, rec.name) is None
+            and not self._on_disk(rec.name)
         ):
             self.registry.forget(rec.name)
             self._books.pop(rec.name, None)
@@ -709,10 +716,12 @@ class ModelManager:
         await asyncio.gather(*(one(sv) for sv in versions))
 
     # ----------------------------------------------------------------- unload
-    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+    async def unload(self, name: str, unload_dependents: bool = False, exact: bool = False) -> None:
+        """Unload ``name``: a client's name (every namespace's model of it), or with
+        ``exact`` the one key (the poll's, a dependent's)."""
         if not layout.is_qualified(name):
             check_model_name(name)
-            keys = self.keys_of(name)
+            keys = [name] if exact else self.keys_of(name)
             if keys != [name]:  # namespacing: every repository's model of that name
                 for k in keys:
                     await self.unload(k, unload_dependents)
@@ -738,7 +747,7 @@ class ModelManager:
                 composing.dependents.discard(name)
         if unload_dependents:
             for dep in sorted(book.dependents):
-                await self.unload(dep)
+                await self.unload(dep, exact=True)
 
     async def shutdown(self, timeout: float, exit_timeout: float | None = None) -> bool:
         """Drain every serving version (up to ``timeout``: what is left of ``exit_timeout``,
@@ -806,7 +815,7 @@ class ModelManager:
                 continue
             if rec.serving:
                 log.info("poll: model '%s' was removed from the repository; unloading", name)
-                await self.unload(name)
+                await self.unload(name, exact=True)
             now = self.registry.get(name)
             if now is not None and not now.present:
                 self.forget_if_unknown(now)
