@@ -96,6 +96,11 @@ def test_ambiguous_name_is_refused_with_triton_text(ns_server) -> None:
         assert ei.value.message() == AMBIGUOUS
     finally:
         c.close()
+    # readiness and statistics answer as Triton 2.51 does for the ambiguous name
+    code, raw = srv.get("/v2/models/m/ready")
+    assert (code, error_text(raw)) == (400, "Model version not ready")
+    code, raw = srv.get("/v2/models/m/stats")
+    assert (code, error_text(raw)) == (400, "requested model 'm' is not available")
     assert infer_fp32(srv, "u", 1.0)[0] == 200  # a name in one repository serves as always
 
 
