@@ -199,7 +199,7 @@ def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
         metavar="SETTING=VALUE",
         help="as tritonserver (repeatable): summary_latencies=true adds the *_summary_us "
         "summaries, summary_quantiles=0.5:0.05,0.9:0.01 their quantiles, "
-        "counter_latencies=false drops the *_duration_us counters, histogram_latencies",
+        "counter_latencies=false drops the *_duration_us counters, histogram_latencies=true the first-response histogram",
     )
     p.add_argument(
         "--allow-cpu-metrics",

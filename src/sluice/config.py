@@ -115,7 +115,7 @@ class ServerConfig:
     metrics_interval_ms: int = 2000
     # --metrics-config: counter_latencies (the *_duration_us counters), summary_latencies (the
     # *_summary_us summaries) with summary_quantiles ((quantile, error), ...; () = Triton's
-    # defaults), histogram_latencies (accepted; sluice's histograms are always exported)
+    # defaults), histogram_latencies (nv_inference_first_response_histogram_ms)
     counter_latencies: bool = True
     summary_latencies: bool = False
     summary_quantiles: tuple[tuple[float, float], ...] = ()

@@ -6,14 +6,19 @@ drops the ``*_duration_us`` counters; malformed settings are refused at start.""
 from __future__ import annotations
 
 import math
+import queue
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
-from tests.e2e.helpers import infer_fp32
+from tests.e2e.helpers import grpc_client, infer_fp32
 from tests.zoo import identity, sleep_model
+from tests.zoo_bls import text_stream
 
 SUMMARIES = (
     "nv_inference_request_summary_us",
@@ -154,3 +159,65 @@ def test_malformed_settings_are_refused(tmp_path: Path, flag: str, message: str)
     )
     assert out.returncode == 2, out.stderr
     assert out.stderr.rstrip().endswith(message), out.stderr
+
+
+def test_histogram_latencies_first_response(tmp_path: Path, start_server) -> None:
+    repo = _repo(tmp_path)
+    sleep_model(repo, "slower", ms=150)
+    srv = start_server(repo, "--metrics-config=histogram_latencies=true")
+    for _ in range(3):
+        assert infer_fp32(srv, "slow", 1.0)[0] == 200
+    assert infer_fp32(srv, "slower", 1.0)[0] == 200
+    text = _metrics(srv)
+    assert (
+        "# HELP nv_inference_first_response_histogram_ms Duration from request to first "
+        "response in milliseconds\n# TYPE nv_inference_first_response_histogram_ms histogram\n"
+    ) in text
+    got = _samples(text)
+    name = "nv_inference_first_response_histogram_ms"
+    # 20 ms each: all three under the first bound (100 ms); 150 ms: in the 500 ms bucket
+    assert [
+        got[f'{name}_bucket{{le="{le}",model="slow",version="1"}}']
+        for le in ("100", "500", "2000", "5000", "+Inf")
+    ] == [3, 3, 3, 3, 3]
+    assert [
+        got[f'{name}_bucket{{le="{le}",model="slower",version="1"}}']
+        for le in ("100", "500", "+Inf")
+    ] == [0, 1, 1]
+    assert got[f'{name}_count{{model="slow",version="1"}}'] == 3
+    assert 60 <= got[f'{name}_sum{{model="slow",version="1"}}'] < 300
+    assert got[f'{name}_count{{model="idle",version="1"}}'] == 0
+    assert "_summary_us" not in text  # histograms alone
+
+
+def test_no_first_response_histogram_by_default(tmp_path: Path, start_server) -> None:
+    srv = start_server(_repo(tmp_path))
+    assert infer_fp32(srv, "slow", 1.0)[0] == 200
+    assert "nv_inference_first_response_histogram_ms" not in _metrics(srv)
+
+
+def test_first_response_of_a_decoupled_model_is_recorded_mid_stream(
+    tmp_path: Path, start_server
+) -> None:
+    """Time to the first response, not to the end: a stream still running has its first
+    response counted already."""
+    repo = _repo(tmp_path)
+    text_stream(repo)
+    srv = start_server(repo, "--metrics-config=histogram_latencies=true")
+    got: queue.Queue[Any] = queue.Queue()
+    c = grpc_client(srv)
+    try:
+        c.start_stream(callback=lambda result, error: got.put((result, error)))
+        inp = grpcclient.InferInput("text_input", [1], "BYTES")
+        inp.set_data_from_numpy(np.array([b"x"], dtype=np.object_))
+        c.async_stream_infer("text_stream", [inp], parameters={"marker": str(tmp_path / "m")})
+        for _ in range(3):  # 3 ticks, 50 ms apart: the stream goes on (400 ticks)
+            result, error = got.get(timeout=30)
+            assert error is None
+        samples = _samples(_metrics(srv))
+        name = "nv_inference_first_response_histogram_ms"
+        assert samples[f'{name}_count{{model="text_stream",version="1"}}'] == 1
+        assert samples['nv_inference_request_success{model="text_stream",version="1"}'] == 0
+    finally:
+        c.stop_stream(cancel_requests=True)
+        c.close()

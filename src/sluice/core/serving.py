@@ -243,7 +243,9 @@ class Serving:
             except ServerError as exc:
                 sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(exc))
                 raise
-        sv.stats.record_success(time.monotonic_ns() - arrival)
+        elapsed = time.monotonic_ns() - arrival
+        sv.stats.record_first_response(elapsed)
+        sv.stats.record_success(elapsed)
         return response
 
     async def _cached(
@@ -326,9 +328,13 @@ class Serving:
             self._submit(sv, request, batch, key, arrival, count_failure=False)
         )
         submit.add_done_callback(functools.partial(_fail_into, queue))
+        first = True
         try:
             while True:
                 item = await queue.get()
+                if first and not isinstance(item, BaseException):
+                    first = False
+                    sv.stats.record_first_response(time.monotonic_ns() - arrival)
                 if isinstance(item, BaseException):  # the stream broke (e.g. the worker died)
                     sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(item))
                     done = True

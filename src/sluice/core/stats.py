@@ -23,6 +23,8 @@ from typing import Any
 __all__ = [
     "Duration",
     "Histogram",
+    "FIRST_RESPONSE_BUCKETS_MS",
+    "FirstResponseHistogram",
     "LatencySummaries",
     "ModelStats",
     "Summary",
@@ -163,6 +165,27 @@ class Summary:
         ]
 
 
+# Triton's nv_inference_first_response_histogram_ms buckets (--metrics-config
+# histogram_latencies=true), in milliseconds
+FIRST_RESPONSE_BUCKETS_MS: tuple[int, ...] = (100, 500, 2000, 5000)
+
+
+@dataclass(slots=True)
+class FirstResponseHistogram:
+    """Request arrival to its first response, in whole milliseconds (as Triton truncates),
+    over ``FIRST_RESPONSE_BUCKETS_MS``; counts per bucket, not cumulative."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1))
+    sum_ms: int = 0
+    total: int = 0
+
+    def observe_ns(self, ns: int) -> None:
+        ms = ns // 1_000_000
+        self.counts[bisect_left(FIRST_RESPONSE_BUCKETS_MS, ms)] += 1
+        self.sum_ms += ms
+        self.total += 1
+
+
 @dataclass(slots=True)
 class LatencySummaries:
     """The five latency summaries of one model version (Triton's ``*_summary_us``)."""
@@ -207,6 +230,8 @@ class ModelStats:
     namespace: str = ""
     # --metrics-config summary_latencies=true: the summaries (None: not recorded)
     summaries: LatencySummaries | None = None
+    # --metrics-config histogram_latencies=true: time to first response (None: not recorded)
+    first_response: FirstResponseHistogram | None = None
     # (monotonic s, queue ns, compute infer ns) taken when the ratio is read, oldest first
     ratio_marks: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque([(time.monotonic(), 0, 0)])
@@ -240,6 +265,12 @@ class ModelStats:
         self.queue_hist.observe_ns(ns)
         if self.summaries is not None:
             self.summaries.queue.observe_us(ns // 1000)
+
+    def record_first_response(self, ns: int) -> None:
+        """A request's first response went out ``ns`` after it arrived (every model's, the
+        only one of a non-decoupled model's)."""
+        if self.first_response is not None:
+            self.first_response.observe_ns(ns)
 
     def record_success(self, ns: int) -> None:
         self.success.add(ns)

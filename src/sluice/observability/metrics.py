@@ -24,6 +24,7 @@ from ..core.registry import Registry
 from ..core.stats import (
     BUCKETS_US,
     DEFAULT_QUANTILES,
+    FIRST_RESPONSE_BUCKETS_MS,
     Histogram,
     LatencySummaries,
     ModelStats,
@@ -203,6 +204,12 @@ class TritonCollector(Collector):
             (HistogramMetricFamily(name, doc, labels=label_names), of)
             for name, doc, of in _HISTOGRAMS
         ]
+        first = HistogramMetricFamily(
+            "nv_inference_first_response_histogram_ms",
+            "Duration from request to first response in milliseconds",
+            labels=label_names,
+        )
+        any_first = False
         summaries = [(Metric(name, doc, "summary"), name, of) for name, doc, of in _SUMMARIES]
         any_summaries = False
         for st in stats:
@@ -226,6 +233,10 @@ class TritonCollector(Collector):
             for hist_family, of in hists:
                 hist = of(st)
                 hist_family.add_metric(labels, _buckets(hist), hist.sum_us)
+            if st.first_response is not None:
+                any_first = True
+                fr = st.first_response
+                first.add_metric(labels, _first_buckets(fr.counts, fr.total), fr.sum_ms)
             if st.summaries is not None:
                 any_summaries = True
                 for summary_family, name, of_summary in summaries:
@@ -235,6 +246,8 @@ class TritonCollector(Collector):
         for family, _, _ in counters:
             yield family
         yield from (pending, load, ratio)
+        if any_first:
+            yield first
         if any_summaries:
             for summary_family, _, _ in summaries:
                 yield summary_family
@@ -346,6 +359,17 @@ def _add_summary(
     family.add_sample(f"{name}_sum", labels, summary.sum_us)
     for q, value in summary.quantiles(quantiles):
         family.add_sample(name, {**labels, "quantile": f"{q:g}"}, value)
+
+
+def _first_buckets(counts: list[int], total: int) -> list[tuple[str, float]]:
+    """Cumulative buckets of the first-response histogram, bounds written as Triton's."""
+    out: list[tuple[str, float]] = []
+    acc = 0
+    for bound, n in zip(FIRST_RESPONSE_BUCKETS_MS, counts, strict=False):
+        acc += n
+        out.append((str(bound), acc))
+    out.append(("+Inf", total))
+    return out
 
 
 def _cpu_metrics() -> Iterator[Metric]:

@@ -42,7 +42,7 @@ from ..core.registry import (
     ServingVersion,
 )
 from ..core.serving import Serving
-from ..core.stats import LatencySummaries, ModelStats
+from ..core.stats import FirstResponseHistogram, LatencySummaries, ModelStats
 from ..core.validation import check_model_name
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from ..types import InferRequest, InferResponse
@@ -580,6 +580,9 @@ class ModelManager:
                     str(v),
                     namespace=self.namespace_of(name) if self.config.model_namespacing else "",
                     summaries=LatencySummaries() if self.config.summary_latencies else None,
+                    first_response=(
+                        FirstResponseHistogram() if self.config.histogram_latencies else None
+                    ),
                 )
                 new[v] = await start_version(
                     spec,
