@@ -7,6 +7,11 @@ compute time, so p99 can be computed server-side and aggregated across replicas;
 autoscaling signal); with the rate limiter, ``sluice_rate_limiter_resource_count`` /
 ``sluice_rate_limiter_resource_in_use`` per resource and device and
 ``sluice_rate_limiter_waiting_instances`` per model (Triton exports nothing of its limiter).
+
+As Triton with ``--metrics-config``: the latency summaries (``*_summary_us``,
+``summary_latencies=true``), the first-response histogram (``histogram_latencies=true``), no
+duration counters (``counter_latencies=false``); with ``--model-namespacing`` every model's
+samples carry ``namespace`` (its repository).
 """
 
 from __future__ import annotations

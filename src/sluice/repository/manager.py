@@ -344,7 +344,10 @@ class ModelManager:
         nothing (as Triton): a plain load keeps an override given earlier in force. Every
         failure's message starts with Triton's "failed to load '<name>'"."""
         if not layout.is_qualified(name):
-            check_model_name(name)
+            try:
+                check_model_name(name)
+            except ServerError as exc:
+                raise load_failure(name, exc) from None
             keys = self.keys_of(name)
             if keys != [name]:  # namespacing: every repository's model of that name
                 results = await asyncio.gather(
