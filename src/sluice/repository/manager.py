@@ -523,12 +523,12 @@ class ModelManager:
             backend = self._ensemble_backend(steps)
         if backend is None:
             raise Unsupported(
-                f"failed to load '{name}': unsupported backend '{config.backend or config.platform}'"
+                f"failed to load '{shown}': unsupported backend '{config.backend or config.platform}'"
                 " (supported: python, onnxruntime, pytorch, tensorrt, ensemble)"
             )
         if not versions:
             raise NotFound(
-                f"failed to load '{name}': no version directory found in {model_dir} "
+                f"failed to load '{shown}': no version directory found in {model_dir} "
                 "(versions are numeric directories such as 1/)"
             )
         if only is None:
@@ -537,7 +537,7 @@ class ModelManager:
             selected = [only]
         else:
             raise NotFound(
-                f"failed to load '{name}' version {only}: no version directory "
+                f"failed to load '{shown}' version {only}: no version directory "
                 f"{model_dir / str(only)} (versions: {', '.join(map(str, versions))})"
             )
         settings = {k: v for b, k, v in self.config.backend_config if b in ("", config.backend)}
@@ -684,9 +684,10 @@ class ModelManager:
     async def _ensure_loaded(self, ensemble: str, models: list[str]) -> None:
         """Load the composing models that are not serving (as Triton does in explicit mode);
         a failure fails the ensemble's load naming the composing model."""
+        shown = layout.display_name(ensemble)
         for m in models:
             if m == ensemble:
-                raise InvalidArgument(f"failed to load '{ensemble}': it names itself as a step")
+                raise InvalidArgument(f"failed to load '{shown}': it names itself as a step")
             rec = self.record(m)
             if rec.serving:
                 continue
@@ -698,7 +699,8 @@ class ModelManager:
                 await self.load(m, refresh=False)  # the ensemble's load refreshed
             except ServerError as exc:
                 raise type(exc)(
-                    f"failed to load '{ensemble}': composing model '{m}' failed to load: {exc}",
+                    f"failed to load '{shown}': composing model "
+                    f"'{layout.display_name(m)}' failed to load: {exc}",
                     exc.status,
                 ) from None
 
