@@ -13,6 +13,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.helpers import error_text, grpc_client, grpc_status, index_entries, infer_fp32, post
+from tests.e2e.test_lint import lint_json
 from tests.zoo import identity
 
 
@@ -114,3 +115,28 @@ def test_unknown_agent_is_refused_with_triton_text(agents_server) -> None:
         assert ei.value.message() == want
     finally:
         c.close()
+
+
+def test_lint_finds_a_mismatch_and_an_unknown_agent(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    good = identity(repo, "good")
+    _agents(good, "checksum", {"MD5:1/model.py": _digest(good / "1" / "model.py", "md5")})
+    _agents(identity(repo, "bad"), "checksum", {"SHA256:1/model.py": "00"})
+    _agents(identity(repo, "enc"), "decrypt", {"k": "v"})
+    rc, found = lint_json(repo)
+    assert rc == 1
+    got = sorted((f["model"], f["check"], f["message"]) for f in found)
+    sha = _digest(repo / "bad" / "1" / "model.py", "sha256")
+    assert got == [
+        (
+            "bad",
+            "repo-agent",
+            f"Mismatched SHA256 hash for file 1/model.py, expect: 00, got: {sha}: the load fails",
+        ),
+        (
+            "enc",
+            "repo-agent",
+            "unable to find 'libtritonrepoagent_decrypt.so' for repo agent 'decrypt', searched: "
+            "/opt/tritonserver/repoagents: the load fails",
+        ),
+    ]

@@ -36,6 +36,7 @@ from ..backends.tensorrt import plan_problem, runtime_problem
 from ..errors import InvalidArgument, ServerError
 from ..host.sysmem import format_size
 from ..repository import layout
+from ..repository.agents import verify_agents
 from ..repository.devices import check_devices
 from ..repository.model_config import (
     ConfigParseError,
@@ -149,6 +150,7 @@ class _ModelLint:
             self.from_triton(ERROR, self.clean(exc))
             if not config.backend and not config.platform:
                 return
+        self.check_agents(config)
         if not self.check_backend(config):
             return
         try:
@@ -179,6 +181,14 @@ class _ModelLint:
             self.check_memory(config, files, len(selected))
 
     # ----------------------------------------------------------------------- the checks
+    def check_agents(self, config: mc.ModelConfig) -> None:
+        """``model_repository_agents``: an agent sluice lacks, a checksum that does not
+        match (the load would fail with the same text)."""
+        try:
+            verify_agents(config, self.model_dir)
+        except ServerError as exc:
+            self.add(ERROR, "repo-agent", self.config_file, f"{exc}: the load fails")
+
     def check_layout(self) -> list[int]:
         scan = layout.scan_model_dir(self.model_dir)
         for d in scan.not_versions:

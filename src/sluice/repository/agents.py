@@ -28,7 +28,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import InvalidArgument, Unsupported
 
-__all__ = ["AGENT_DIRECTORY", "CHECKSUM_ALGORITHMS", "check_agents", "run_agents"]
+__all__ = [
+    "AGENT_DIRECTORY",
+    "CHECKSUM_ALGORITHMS",
+    "check_agents",
+    "run_agents",
+    "verify_agents",
+]
 
 # tritonserver's default --repoagent-directory, named in the refusal of an unknown agent
 AGENT_DIRECTORY = "/opt/tritonserver/repoagents"
@@ -82,8 +88,15 @@ def _checksum(model_dir: Path, parameters: dict[str, str]) -> None:
             )
 
 
-async def run_agents(config: mc.ModelConfig, model_dir: Path) -> None:
-    """Run the config's agents in order on ``model_dir``; the first refusal fails the load."""
+def verify_agents(config: mc.ModelConfig, model_dir: Path) -> None:
+    """Run the config's agents in order on ``model_dir`` (blocking: hashes files); the first
+    refusal raises. ``sluice repo lint`` calls it as it is."""
     check_agents(config)
     for agent in config.model_repository_agents.agents:
-        await asyncio.to_thread(_checksum, model_dir, dict(agent.parameters))
+        _checksum(model_dir, dict(agent.parameters))
+
+
+async def run_agents(config: mc.ModelConfig, model_dir: Path) -> None:
+    """``verify_agents`` off the event loop (nothing to do without agents)."""
+    if config.model_repository_agents.agents:
+        await asyncio.to_thread(verify_agents, config, model_dir)
