@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from .config import ControlMode, GrpcEdge, RateLimit, ServerConfig
 
@@ -108,6 +109,22 @@ def _add_repository_flags(p: argparse.ArgumentParser) -> None:
         "--load-model, then the API; poll: rescan every --repository-poll-secs",
     )
     p.add_argument(
+        "--model-config-name",
+        default="",
+        metavar="NAME",
+        help="read each model's configs/NAME.pbtxt in place of config.pbtxt (a model without "
+        "one keeps its config.pbtxt)",
+    )
+    p.add_argument(
+        "--model-namespacing",
+        type=_bool,
+        default=False,
+        metavar="BOOL",
+        help="a model name may be in several repositories, each its own namespace (a "
+        "request for such a name is refused as ambiguous; an ensemble uses its own "
+        "repository's)",
+    )
+    p.add_argument(
         "--load-model",
         action="append",
         default=[],
@@ -174,6 +191,15 @@ def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
     """The Prometheus endpoint and what it exports."""
     p.add_argument(
         "--allow-metrics", type=_bool, default=True, metavar="BOOL", help="serve /metrics"
+    )
+    p.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="as tritonserver (repeatable): summary_latencies=true adds the *_summary_us "
+        "summaries, summary_quantiles=0.5:0.05,0.9:0.01 their quantiles, "
+        "counter_latencies=false drops the *_duration_us counters, histogram_latencies=true the first-response histogram",
     )
     p.add_argument(
         "--allow-cpu-metrics",
@@ -564,6 +590,57 @@ def _backend_config(
     return tuple(out)
 
 
+# --metrics-config settings tritonserver 2.51 reads; any other is refused (Triton would
+# ignore it silently, so a misspelt setting would turn nothing on)
+_METRICS_SETTINGS = (
+    "counter_latencies",
+    "histogram_latencies",
+    "summary_latencies",
+    "summary_quantiles",
+)
+
+
+def _metrics_config(items: list[str], parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``--metrics-config`` items -> the ServerConfig fields they set. Triton's format
+    message for a malformed item; the booleans are "true"/"false" as Triton compares them."""
+    out: dict[str, Any] = {}
+    for item in items:
+        setting, eq, value = item.partition("=")
+        if not eq or not setting or not value or "," in setting:
+            parser.error(f"--metrics-config option format is <setting>=<value>. Got {item}")
+        if setting not in _METRICS_SETTINGS:
+            parser.error(
+                f"--metrics-config: unknown setting '{setting}' (known: "
+                f"{', '.join(_METRICS_SETTINGS)})"
+            )
+        if setting == "summary_quantiles":
+            out[setting] = _quantiles(value, parser)
+        elif value not in ("true", "false"):
+            parser.error(f"--metrics-config {setting}: expected true or false, got '{value}'")
+        else:
+            out[setting] = value == "true"
+    return out
+
+
+def _quantiles(value: str, parser: argparse.ArgumentParser) -> tuple[tuple[float, float], ...]:
+    """``0.5:0.05,0.9:0.01`` -> ((0.5, 0.05), (0.9, 0.01)): each quantile and its allowed
+    error in [0, 1]."""
+    pairs: list[tuple[float, float]] = []
+    for pair in value.split(","):
+        q, colon, err = pair.partition(":")
+        try:
+            quantile, error = float(q), float(err)
+        except ValueError:
+            quantile = error = -1.0
+        if not colon or not (0.0 <= quantile <= 1.0 and 0.0 <= error <= 1.0):
+            parser.error(
+                f"--metrics-config summary_quantiles: '{pair}' is not <quantile>:<error> "
+                "(both in [0, 1], e.g. 0.5:0.05)"
+            )
+        pairs.append((quantile, error))
+    return tuple(pairs)
+
+
 def parse_serve_args(argv: list[str]) -> ServerConfig:
     parser = build_parser()
     ns = parser.parse_args(["serve", *argv])
@@ -588,6 +665,7 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
             f"got '{ns.grpc_edge}'"
         )
     from .errors import ServerError
+    from .repository.model_config import check_config_name
     from .repository.remote import default_cache_dir, plan_repositories
 
     cache_dir = ns.repository_cache_dir or default_cache_dir()
@@ -597,6 +675,10 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         parser.error(f"--model-repository: {exc}")
     if ns.repository_timeout_secs <= 0:
         parser.error("--repository-timeout-secs must be > 0")
+    try:
+        check_config_name(ns.model_config_name)
+    except ValueError as exc:
+        parser.error(str(exc))
     if ns.repository_download_parallel < 1:
         parser.error("--repository-download-parallel must be >= 1")
     return ServerConfig(
@@ -606,7 +688,10 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         repository_cache_size=ns.repository_cache_size,
         repository_timeout_secs=ns.repository_timeout_secs,
         repository_download_parallel=ns.repository_download_parallel,
+        **_metrics_config(ns.metrics_config, parser),
         control_mode=ns.model_control_mode,
+        model_config_name=ns.model_config_name,
+        model_namespacing=ns.model_namespacing,
         load_models=loads,
         model_control_state=ns.model_control_state,
         strict_readiness=ns.strict_readiness,

@@ -91,6 +91,10 @@ class ServerConfig:
     # --repository-download-parallel: downloads in flight at once per repository
     repository_download_parallel: int = 8
     control_mode: str = ControlMode.NONE
+    # --model-config-name: read <model>/configs/<name>.pbtxt where it exists ("" = config.pbtxt)
+    model_config_name: str = ""
+    # --model-namespacing: the same model name in several repositories, one per repository
+    model_namespacing: bool = False
     load_models: tuple[str, ...] = ()
     # --model-control-state: the file recording loaded models, versions, overrides and traffic
     # splits (explicit mode), restored at start ("" = none)
@@ -109,6 +113,13 @@ class ServerConfig:
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
     metrics_interval_ms: int = 2000
+    # --metrics-config: counter_latencies (the *_duration_us counters), summary_latencies (the
+    # *_summary_us summaries) with summary_quantiles ((quantile, error), ...; () = Triton's
+    # defaults), histogram_latencies (nv_inference_first_response_histogram_ms)
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    summary_quantiles: tuple[tuple[float, float], ...] = ()
+    histogram_latencies: bool = False
     repository_poll_secs: float = 15.0
     exit_timeout_secs: float = 30.0
     # behind a proxy without health checks: refuse inference while not ready, gRPC listens

@@ -165,6 +165,8 @@ class Server:
                     self.service.serving.custom_metrics,
                     self._repository_collector(),
                     self.service.serving.limiter,
+                    counter_latencies=cfg.counter_latencies,
+                    summary_quantiles=cfg.summary_quantiles,
                 ),
                 cfg.metrics_address,
                 cfg.metrics_port,

@@ -175,6 +175,14 @@ class Serving:
         return self.get(name, version)
 
     def _not_serving(self, name: str) -> ServerError:
+        # --model-namespacing: models of this name in several repositories are kept under
+        # qualified keys (their directories' paths); a plain name is then ambiguous
+        shared = sum(1 for k in self._records if k.startswith("/") and k.endswith("/" + name))
+        if shared > 1:
+            return InvalidArgument(
+                f"There are {shared} identifiers of model '{name}' in global map, model "
+                "namespace must be provided to resolve ambiguity."
+            )
         check_model_name(name)
         rec = self._records.get(name)
         if rec is not None and rec.states:
@@ -267,7 +275,9 @@ class Serving:
             except ServerError as exc:
                 sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(exc))
                 raise
-        sv.stats.record_success(time.monotonic_ns() - arrival)
+        elapsed = time.monotonic_ns() - arrival
+        sv.stats.record_first_response(elapsed)
+        sv.stats.record_success(elapsed)
         return response
 
     async def _cached(
@@ -350,9 +360,13 @@ class Serving:
             self._submit(sv, request, batch, key, arrival, count_failure=False)
         )
         submit.add_done_callback(functools.partial(_fail_into, queue))
+        first = True
         try:
             while True:
                 item = await queue.get()
+                if first and not isinstance(item, BaseException):
+                    first = False
+                    sv.stats.record_first_response(time.monotonic_ns() - arrival)
                 if isinstance(item, BaseException):  # the stream broke (e.g. the worker died)
                     sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(item))
                     done = True

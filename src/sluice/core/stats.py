@@ -5,17 +5,34 @@ read from these objects at request/scrape time, so the hot path only adds intege
 
 Latency histograms (beyond Triton) use fixed bucket bounds in microseconds; an
 observation is one ``bisect`` and one list increment.
+
+Latency summaries (``--metrics-config summary_latencies=true``, Triton's ``*_summary_us``) are
+made only when asked for: then an observation also appends one integer to the current age
+bucket of a sliding window (``Summary``).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Duration", "Histogram", "ModelStats", "BUCKETS_US", "RATIO_WINDOW_S"]
+__all__ = [
+    "Duration",
+    "Histogram",
+    "FIRST_RESPONSE_BUCKETS_MS",
+    "FirstResponseHistogram",
+    "LatencySummaries",
+    "ModelStats",
+    "Summary",
+    "BUCKETS_US",
+    "DEFAULT_QUANTILES",
+    "RATIO_WINDOW_S",
+    "SUMMARY_MAX_AGE_S",
+]
 
 # the window of ``ModelStats.queue_compute_ratio``, as NVIDIA's autoscaling rule's [1m]
 RATIO_WINDOW_S = 60.0
@@ -72,6 +89,114 @@ class Histogram:
         self.total += n
 
 
+# Triton's summaries: quantile -> allowed rank error (its defaults), over a sliding window of
+# 60 s in 5 age buckets (prometheus-cpp's defaults, which Triton keeps)
+DEFAULT_QUANTILES: tuple[tuple[float, float], ...] = (
+    (0.5, 0.05),
+    (0.9, 0.01),
+    (0.95, 0.001),
+    (0.99, 0.001),
+    (0.999, 0.001),
+)
+SUMMARY_MAX_AGE_S = 60.0
+SUMMARY_AGE_BUCKETS = 5
+# observations kept per age bucket: beyond it a uniform sample of them (reservoir), so memory
+# is bounded at any request rate; quantiles are exact below it
+SUMMARY_KEEP = 4096
+
+
+class _AgeBucket:
+    __slots__ = ("start", "seen", "values")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.seen = 0
+        self.values: list[int] = []
+
+
+class Summary:
+    """A Prometheus summary of durations in microseconds: ``count`` and ``sum_us`` over all
+    time; ``quantiles`` over the observations of the last ``SUMMARY_MAX_AGE_S`` seconds
+    (nearest rank; NaN when there are none, as Triton prints an empty one)."""
+
+    __slots__ = ("count", "sum_us", "_buckets", "_rng")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum_us = 0
+        self._buckets: deque[_AgeBucket] = deque()
+        self._rng = random.Random(0)
+
+    def _current(self, now: float) -> _AgeBucket:
+        buckets = self._buckets
+        if not buckets or now - buckets[-1].start >= SUMMARY_MAX_AGE_S / SUMMARY_AGE_BUCKETS:
+            buckets.append(_AgeBucket(now))
+        while now - buckets[0].start >= SUMMARY_MAX_AGE_S:
+            buckets.popleft()
+        return buckets[-1]
+
+    def observe_us(self, us: int, n: int = 1, now: float | None = None) -> None:
+        """``n`` observations of ``us`` each (a batch charges every request the same)."""
+        self.count += n
+        self.sum_us += us * n
+        bucket = self._current(time.monotonic() if now is None else now)
+        for _ in range(n):
+            bucket.seen += 1
+            if len(bucket.values) < SUMMARY_KEEP:
+                bucket.values.append(us)
+            else:  # reservoir sampling: each observation kept with equal chance
+                j = self._rng.randrange(bucket.seen)
+                if j < SUMMARY_KEEP:
+                    bucket.values[j] = us
+
+    def quantiles(
+        self, qs: tuple[tuple[float, float], ...], now: float | None = None
+    ) -> list[tuple[float, float]]:
+        """(quantile, value) for each of ``qs``, over the window ending ``now``."""
+        now = time.monotonic() if now is None else now
+        values = sorted(
+            v for b in self._buckets if now - b.start < SUMMARY_MAX_AGE_S for v in b.values
+        )
+        if not values:
+            return [(q, float("nan")) for q, _ in qs]
+        last = len(values) - 1
+        return [
+            (q, float(values[min(last, max(0, int(q * len(values) + 0.5) - 1))])) for q, _ in qs
+        ]
+
+
+# Triton's nv_inference_first_response_histogram_ms buckets (--metrics-config
+# histogram_latencies=true), in milliseconds
+FIRST_RESPONSE_BUCKETS_MS: tuple[int, ...] = (100, 500, 2000, 5000)
+
+
+@dataclass(slots=True)
+class FirstResponseHistogram:
+    """Request arrival to its first response, in whole milliseconds (as Triton truncates),
+    over ``FIRST_RESPONSE_BUCKETS_MS``; counts per bucket, not cumulative."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1))
+    sum_ms: int = 0
+    total: int = 0
+
+    def observe_ns(self, ns: int) -> None:
+        ms = ns // 1_000_000
+        self.counts[bisect_left(FIRST_RESPONSE_BUCKETS_MS, ms)] += 1
+        self.sum_ms += ms
+        self.total += 1
+
+
+@dataclass(slots=True)
+class LatencySummaries:
+    """The five latency summaries of one model version (Triton's ``*_summary_us``)."""
+
+    request: Summary = field(default_factory=Summary)
+    queue: Summary = field(default_factory=Summary)
+    compute_input: Summary = field(default_factory=Summary)
+    compute_infer: Summary = field(default_factory=Summary)
+    compute_output: Summary = field(default_factory=Summary)
+
+
 @dataclass(slots=True)
 class BatchStat:
     compute_input: Duration = field(default_factory=Duration)
@@ -101,6 +226,12 @@ class ModelStats:
     queue_hist: Histogram = field(default_factory=Histogram)
     compute_hist: Histogram = field(default_factory=Histogram)
     load_duration_secs: float = 0.0
+    # --model-namespacing: the model's repository (Triton's ``namespace`` label), else ""
+    namespace: str = ""
+    # --metrics-config summary_latencies=true: the summaries (None: not recorded)
+    summaries: LatencySummaries | None = None
+    # --metrics-config histogram_latencies=true: time to first response (None: not recorded)
+    first_response: FirstResponseHistogram | None = None
     # (monotonic s, queue ns, compute infer ns) taken when the ratio is read, oldest first
     ratio_marks: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque([(time.monotonic(), 0, 0)])
@@ -123,15 +254,29 @@ class ModelStats:
         self.compute_infer.add(cinf * n_requests, n_requests)
         self.compute_output.add(cout * n_requests, n_requests)
         self.compute_hist.observe_ns(cin + cinf + cout, n_requests)
+        if self.summaries is not None:
+            self.summaries.compute_input.observe_us(cin // 1000, n_requests)
+            self.summaries.compute_infer.observe_us(cinf // 1000, n_requests)
+            self.summaries.compute_output.observe_us(cout // 1000, n_requests)
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def record_queue(self, ns: int) -> None:
         self.queue.add(ns)
         self.queue_hist.observe_ns(ns)
+        if self.summaries is not None:
+            self.summaries.queue.observe_us(ns // 1000)
+
+    def record_first_response(self, ns: int) -> None:
+        """A request's first response went out ``ns`` after it arrived (every model's, the
+        only one of a non-decoupled model's)."""
+        if self.first_response is not None:
+            self.first_response.observe_ns(ns)
 
     def record_success(self, ns: int) -> None:
         self.success.add(ns)
         self.request_hist.observe_ns(ns)
+        if self.summaries is not None:  # Triton's request summary counts successes
+            self.summaries.request.observe_us(ns // 1000)
 
     def record_failure(self, ns: int, reason: str) -> None:
         self.fail.add(ns)

@@ -27,11 +27,15 @@ def metrics_app(
     custom: CustomMetrics | None = None,
     extra: Collector | None = None,
     limiter: RateLimiter | None = None,
+    counter_latencies: bool = True,
+    summary_quantiles: tuple[tuple[float, float], ...] = (),
 ) -> Any:
     """The metrics port's ASGI app: the server's families (the rate ``limiter``'s, and
     ``extra``'s, e.g. the object-store repositories' counters), then the python models' own
     (``pb_utils.MetricFamily``), as Triton lists them after its own."""
-    registry = build_registry(models, cache, cpu_metrics, extra, limiter)
+    registry = build_registry(
+        models, cache, cpu_metrics, extra, limiter, counter_latencies, summary_quantiles
+    )
     text_headers = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: _Send) -> None:

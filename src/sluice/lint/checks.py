@@ -36,10 +36,11 @@ from ..backends.tensorrt import plan_problem, runtime_problem
 from ..errors import InvalidArgument, ServerError
 from ..host.sysmem import format_size
 from ..repository import layout
+from ..repository.agents import verify_agents
 from ..repository.devices import check_devices
 from ..repository.model_config import (
-    CONFIG_FILE,
     ConfigParseError,
+    config_path,
     normalise,
     read_config,
     validate,
@@ -88,6 +89,7 @@ class LintOptions:
     gpu: bool  # the serving machine has a GPU
     latency_budget_ms: float | None = None
     auto_complete: bool = True  # as `sluice serve` without --disable-auto-complete-config
+    config_name: str = ""  # as `sluice serve --model-config-name`: configs/<name>.pbtxt first
 
 
 @dataclass(slots=True)
@@ -113,7 +115,7 @@ class _ModelLint:
 
     @property
     def config_file(self) -> str:
-        return str(self.model_dir / CONFIG_FILE)
+        return str(config_path(self.model_dir, self.options.config_name))
 
     def add(self, severity: str, check: str, file: Path | str, message: str, **kw: int) -> None:
         self.findings.append(Finding(severity, self.name, str(file), message, check, **kw))
@@ -148,6 +150,7 @@ class _ModelLint:
             self.from_triton(ERROR, self.clean(exc))
             if not config.backend and not config.platform:
                 return
+        self.check_agents(config)
         if not self.check_backend(config):
             return
         try:
@@ -178,6 +181,14 @@ class _ModelLint:
             self.check_memory(config, files, len(selected))
 
     # ----------------------------------------------------------------------- the checks
+    def check_agents(self, config: mc.ModelConfig) -> None:
+        """``model_repository_agents``: an agent sluice lacks, a checksum that does not
+        match (the load would fail with the same text)."""
+        try:
+            verify_agents(config, self.model_dir)
+        except ServerError as exc:
+            self.add(ERROR, "repo-agent", self.config_file, f"{exc}: the load fails")
+
     def check_layout(self) -> list[int]:
         scan = layout.scan_model_dir(self.model_dir)
         for d in scan.not_versions:
@@ -222,7 +233,7 @@ class _ModelLint:
     def read(self) -> mc.ModelConfig | None:
         """The config as the load fills it; None when it cannot be read."""
         try:
-            config, _present = read_config(self.model_dir)
+            config, _present = read_config(self.model_dir, self.options.config_name)
         except ConfigParseError as exc:
             self.add(
                 ERROR,
@@ -239,7 +250,7 @@ class _ModelLint:
             return None
         versions = layout.scan_model_dir(self.model_dir).versions
         try:
-            return normalise(config, self.model_dir, versions)
+            return normalise(config, self.model_dir, versions, self.config_file)
         except InvalidArgument as exc:
             self.add(
                 ERROR,
@@ -248,7 +259,7 @@ class _ModelLint:
                 f'{self.clean(exc)}: set name: "{self.name}" (or rename the directory)',
             )
             config.name = ""
-            return normalise(config, self.model_dir, versions)
+            return normalise(config, self.model_dir, versions, self.config_file)
 
     def check_backend(self, config: mc.ModelConfig) -> bool:
         if config.platform == "ensemble":

@@ -77,6 +77,12 @@ def add_repo_commands(repo: argparse.ArgumentParser) -> None:
         action="store_true",
         help="as sluice serve's flag: configs must be complete",
     )
+    lint.add_argument(
+        "--model-config-name",
+        default="",
+        metavar="NAME",
+        help="as sluice serve's flag: check each model's configs/NAME.pbtxt where it has one",
+    )
 
 
 def _local_paths(ns: argparse.Namespace) -> tuple[list[Path], dict[str, str]]:
@@ -134,6 +140,7 @@ def run_repo(ns: argparse.Namespace) -> int:
         gpu=has_gpu() if ns.gpu is None else ns.gpu,
         latency_budget_ms=ns.latency_budget_ms,
         auto_complete=not ns.disable_auto_complete_config,
+        config_name=ns.model_config_name,
     )
     findings, models = lint_repositories(paths, options)
     line = _as_given(summary(findings, models, [str(p) for p in paths]), shown)

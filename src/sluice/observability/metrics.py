@@ -7,6 +7,11 @@ compute time, so p99 can be computed server-side and aggregated across replicas;
 autoscaling signal); with the rate limiter, ``sluice_rate_limiter_resource_count`` /
 ``sluice_rate_limiter_resource_in_use`` per resource and device and
 ``sluice_rate_limiter_waiting_instances`` per model (Triton exports nothing of its limiter).
+
+As Triton with ``--metrics-config``: the latency summaries (``*_summary_us``,
+``summary_latencies=true``), the first-response histogram (``histogram_latencies=true``), no
+duration counters (``counter_latencies=false``); with ``--model-namespacing`` every model's
+samples carry ``namespace`` (its repository).
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ..core.cache import ResponseCache
 from ..core.rate_limiter import RateLimiter
 from ..core.registry import Registry
-from ..core.stats import BUCKETS_US, Histogram, ModelStats
+from ..core.stats import (
+    BUCKETS_US,
+    DEFAULT_QUANTILES,
+    FIRST_RESPONSE_BUCKETS_MS,
+    Histogram,
+    LatencySummaries,
+    ModelStats,
+    Summary,
+)
 
 __all__ = ["TritonCollector", "build_registry", "COUNTER_FAMILIES", "exposition"]
 
@@ -72,8 +85,13 @@ class TritonCollector(Collector):
         cache: ResponseCache | None = None,
         cpu_metrics: bool = True,
         limiter: RateLimiter | None = None,
+        counter_latencies: bool = True,
+        summary_quantiles: tuple[tuple[float, float], ...] = (),
     ) -> None:
         self.models = models
+        # --metrics-config counter_latencies=false: no *_duration_us counters (as Triton)
+        self.counter_latencies = counter_latencies
+        self.quantiles = summary_quantiles or DEFAULT_QUANTILES
         self.cache = cache
         self.limiter = limiter
         self.cpu_metrics = cpu_metrics
@@ -155,6 +173,11 @@ class TritonCollector(Collector):
         """Triton's per-model families (success, failure by reason, the counters of
         ``_MODEL_COUNTERS``, pending requests, load time), then sluice's histograms; one
         sample per serving model version in each."""
+        stats = list(self._stats())
+        # --model-namespacing: every model's samples carry its repository, as Triton's
+        label_names = (
+            ["model", "namespace", "version"] if any(st.namespace for st in stats) else _LABELS
+        )
         success = _counter(
             "nv_inference_request_success",
             "Number of successful inference requests, all batch sizes",
@@ -162,28 +185,44 @@ class TritonCollector(Collector):
         failure = _counter(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes"
         )
-        counters = [(_counter(name, doc), name, value) for name, doc, value in _MODEL_COUNTERS]
+        counters = [
+            (_counter(name, doc), name, value)
+            for name, doc, value in _MODEL_COUNTERS
+            if self.counter_latencies or not name.endswith("_duration_us")
+        ]
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",
-            labels=_LABELS,
+            labels=label_names,
         )
         load = GaugeMetricFamily(
-            "nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS
+            "nv_model_load_duration_secs", "Model load time in seconds", labels=label_names
         )
         ratio = GaugeMetricFamily(
             "sluice_model_queue_compute_ratio",
             "Queue time over compute (infer) time in the last minute: "
             "rate(nv_inference_queue_duration_us[1m]) / "
             "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)",
-            labels=_LABELS,
+            labels=label_names,
         )
         hists = [
-            (HistogramMetricFamily(name, doc, labels=_LABELS), of) for name, doc, of in _HISTOGRAMS
+            (HistogramMetricFamily(name, doc, labels=label_names), of)
+            for name, doc, of in _HISTOGRAMS
         ]
-        for st in self._stats():
+        first = HistogramMetricFamily(
+            "nv_inference_first_response_histogram_ms",
+            "Duration from request to first response in milliseconds",
+            labels=label_names,
+        )
+        any_first = False
+        summaries = [(Metric(name, doc, "summary"), name, of) for name, doc, of in _SUMMARIES]
+        any_summaries = False
+        for st in stats:
             lv = {"model": st.name, "version": st.version}
             labels = [st.name, st.version]
+            if len(label_names) == 3:
+                lv = {"model": st.name, "namespace": st.namespace, "version": st.version}
+                labels = [st.name, st.namespace, st.version]
             success.add_sample("nv_inference_request_success", lv, st.success.count)
             for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
                 failure.add_sample(
@@ -199,11 +238,24 @@ class TritonCollector(Collector):
             for hist_family, of in hists:
                 hist = of(st)
                 hist_family.add_metric(labels, _buckets(hist), hist.sum_us)
+            if st.first_response is not None:
+                any_first = True
+                fr = st.first_response
+                first.add_metric(labels, _first_buckets(fr.counts, fr.total), fr.sum_ms)
+            if st.summaries is not None:
+                any_summaries = True
+                for summary_family, name, of_summary in summaries:
+                    _add_summary(summary_family, name, lv, of_summary(st.summaries), self.quantiles)
         yield success
         yield failure
         for family, _, _ in counters:
             yield family
         yield from (pending, load, ratio)
+        if any_first:
+            yield first
+        if any_summaries:
+            for summary_family, _, _ in summaries:
+                yield summary_family
         for hist_family, _ in hists:
             yield hist_family
 
@@ -268,6 +320,63 @@ _HISTOGRAMS: tuple[tuple[str, str, Callable[[ModelStats], Histogram]], ...] = (
 )
 
 
+# Triton's latency summaries (--metrics-config summary_latencies=true), in its order and with
+# its help texts: (name, help, the summary of a version's LatencySummaries)
+_SUMMARIES: tuple[tuple[str, str, Callable[[LatencySummaries], Summary]], ...] = (
+    (
+        "nv_inference_request_summary_us",
+        "Summary of inference request duration in microseconds (includes cached requests)",
+        lambda s: s.request,
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+        lambda s: s.queue,
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_input,
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_infer,
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_output,
+    ),
+)
+
+
+def _add_summary(
+    family: Metric,
+    name: str,
+    labels: dict[str, str],
+    summary: Summary,
+    quantiles: tuple[tuple[float, float], ...],
+) -> None:
+    """``_count``, ``_sum``, then one sample per quantile (label ``quantile`` last), in
+    Triton's order."""
+    family.add_sample(f"{name}_count", labels, summary.count)
+    family.add_sample(f"{name}_sum", labels, summary.sum_us)
+    for q, value in summary.quantiles(quantiles):
+        family.add_sample(name, {**labels, "quantile": f"{q:g}"}, value)
+
+
+def _first_buckets(counts: list[int], total: int) -> list[tuple[str, float]]:
+    """Cumulative buckets of the first-response histogram, bounds written as Triton's."""
+    out: list[tuple[str, float]] = []
+    acc = 0
+    for bound, n in zip(FIRST_RESPONSE_BUCKETS_MS, counts, strict=False):
+        acc += n
+        out.append((str(bound), acc))
+    out.append(("+Inf", total))
+    return out
+
+
 def _cpu_metrics() -> Iterator[Metric]:
     """The host's CPU utilisation (since the previous scrape) and memory, as Triton names them."""
     util = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
@@ -324,12 +433,16 @@ def build_registry(
     cpu_metrics: bool = True,
     extra: Collector | None = None,
     limiter: RateLimiter | None = None,
+    counter_latencies: bool = True,
+    summary_quantiles: tuple[tuple[float, float], ...] = (),
 ) -> CollectorRegistry:
     """The Prometheus registry of the models serving in ``models`` (and ``cache``, and the
     rate ``limiter``), plus ``extra`` (the object-storage repositories' counters, where there
     are any)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(models, cache, cpu_metrics, limiter))
+    registry.register(
+        TritonCollector(models, cache, cpu_metrics, limiter, counter_latencies, summary_quantiles)
+    )
     if extra is not None:
         registry.register(extra)
     return registry

@@ -42,14 +42,16 @@ from ..core.registry import (
     ServingVersion,
 )
 from ..core.serving import Serving
-from ..core.stats import ModelStats
+from ..core.stats import FirstResponseHistogram, LatencySummaries, ModelStats
 from ..core.validation import check_model_name
 from ..errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from ..types import InferRequest, InferResponse
 from . import layout
 from .admission import MemoryAdmission
+from .agents import run_agents
 from .devices import check_devices
 from .load_book import LoadBook, Override, Signature
-from .model_config import normalise, parse_config_json, read_config, validate
+from .model_config import config_path, normalise, parse_config_json, read_config, validate
 from .prepare import start_version
 from .remote import RemoteRepositories
 
@@ -163,6 +165,33 @@ class ModelManager:
         self._books: dict[str, LoadBook] = {}
 
     # ---------------------------------------------------------------- lookups
+    def list_models(self) -> dict[str, Path]:
+        """Model key -> directory across the repositories (qualified keys for a name in
+        several of them under --model-namespacing: ``layout``)."""
+        return layout.list_models(self.repositories, self.config.model_namespacing)
+
+    def keys_of(self, name: str) -> list[str]:
+        """The keys a plain name stands for: itself, or under --model-namespacing each
+        repository's model of that name (Triton loads and unloads them all)."""
+        if not self.config.model_namespacing or layout.is_qualified(name):
+            return [name]
+        keys = [k for k in self.list_models() if layout.display_name(k) == name]
+        keys += [
+            r.name
+            for r in self.registry.records()
+            if layout.is_qualified(r.name)
+            and layout.display_name(r.name) == name
+            and r.name not in keys
+        ]
+        return keys if len(keys) > 1 or (keys and keys[0] != name) else [name]
+
+    def namespace_of(self, key: str) -> str:
+        """The repository of a model (Triton's ``namespace`` label under namespacing)."""
+        if layout.is_qualified(key):
+            return str(Path(key).parent)
+        found = layout.find_model_dir_or_none(self.repositories, key)
+        return str(found.parent) if found is not None else ""
+
     def record(self, name: str) -> ModelRecord:
         """The registry's record of ``name`` (made if there is none)."""
         return self.registry.record(name)
@@ -222,19 +251,23 @@ class ModelManager:
         """Every model in the repositories, plus models still loaded (or loading) whose
         directory is gone or that came from file overrides, as Triton lists them. A failed
         load of a name that is in no repository leaves nothing here."""
-        names = set(layout.list_models(self.repositories))
+        names = set(self.list_models())
         names.update(rec.name for rec in self.registry.records() if rec.present)
         out: list[dict[str, str]] = []
-        for name in sorted(names):
+        order = sorted(names)
+        if self.config.model_namespacing:  # by repository, then name, as Triton lists them
+            order.sort(key=lambda k: (self.namespace_of(k), layout.display_name(k)))
+        for name in order:
             rec = self.registry.get(name)
             if rec is None or (not rec.states and not rec.serving):
                 if not ready_only:
-                    out.append({"name": name})  # known on disk, never loaded (as Triton)
+                    # known on disk, never loaded (as Triton)
+                    out.append({"name": layout.display_name(name)})
                 continue
             for v, (state, reason) in sorted(rec.states.items()):
                 if ready_only and state != READY:
                     continue
-                entry = {"name": name}
+                entry = {"name": layout.display_name(name)}
                 if v >= 0:
                     entry["version"] = str(v)
                 entry["state"] = state
@@ -242,6 +275,13 @@ class ModelManager:
                     entry["reason"] = reason
                 out.append(entry)
         return out
+
+    def _on_disk(self, key: str) -> bool:
+        """A repository holds the model of this key (under namespacing the key must be the
+        one the scan gives now: a name that gained or lost a second repository changes)."""
+        if self.config.model_namespacing:
+            return key in self.list_models()
+        return layout.find_model_dir_or_none(self.repositories, key) is not None
 
     def forget_if_unknown(self, rec: ModelRecord) -> None:
         """Drop the record of a name that serves nothing and is in no repository, so that
@@ -251,7 +291,7 @@ class ModelManager:
             and not rec.present
             and not (rec.name in self._books and self._books[rec.name].dependents)
             and rec.name not in self._ensembles
-            and layout.find_model_dir_or_none(self.repositories, rec.name) is None
+            and not self._on_disk(rec.name)
         ):
             self.registry.forget(rec.name)
             self._books.pop(rec.name, None)
@@ -264,9 +304,9 @@ class ModelManager:
         if mode == ControlMode.EXPLICIT:
             names = list(self.config.load_models)
             if names == ["*"]:
-                names = list(layout.list_models(self.repositories))
+                names = list(self.list_models())
         else:
-            names = list(layout.list_models(self.repositories))
+            names = list(self.list_models())
         # ensembles after the models they compose (they check those at load)
         ensembles = [n for n in names if self.is_ensemble(n)]
         plain = [n for n in names if n not in ensembles]
@@ -279,7 +319,9 @@ class ModelManager:
 
     def is_ensemble(self, name: str) -> bool:
         try:
-            config, _present = read_config(layout.find_model_dir(self.repositories, name))
+            config, _present = read_config(
+                layout.find_model_dir(self.repositories, name), self.config.model_config_name
+            )
         except ServerError:
             return False
         return config.platform == "ensemble"
@@ -301,9 +343,23 @@ class ModelManager:
         loaded. A load of a serving model whose directory and override are unchanged does
         nothing (as Triton): a plain load keeps an override given earlier in force. Every
         failure's message starts with Triton's "failed to load '<name>'"."""
+        if not layout.is_qualified(name):
+            try:
+                check_model_name(name)
+            except ServerError as exc:
+                raise load_failure(name, exc) from None
+            keys = self.keys_of(name)
+            if keys != [name]:  # namespacing: every repository's model of that name
+                results = await asyncio.gather(
+                    *(self.load(k, parameters, refresh) for k in keys), return_exceptions=True
+                )
+                for r in results:
+                    if isinstance(r, BaseException):
+                        raise r
+                return
+        shown = layout.display_name(name)
         try:
-            check_model_name(name)
-            config_json, files = parse_load_params(name, parameters)
+            config_json, files = parse_load_params(shown, parameters)
             override = _override_key(config_json, files)
             while True:
                 book = self.book(name)
@@ -320,7 +376,7 @@ class ModelManager:
                         raise
                     break
         except ServerError as exc:
-            raise load_failure(name, exc) from None
+            raise load_failure(shown, exc) from None
         self.registry.set_required(name, True)
 
     async def _load_if_changed(
@@ -426,12 +482,12 @@ class ModelManager:
     def _read_config(
         self, model_dir: Path, config_json: str | None, versions: list[int]
     ) -> mc.ModelConfig:
-        source = str(model_dir / "config.pbtxt")
+        source = str(config_path(model_dir, self.config.model_config_name))
         if config_json:
             source = "the 'config' parameter of the load"
             config = parse_config_json(config_json)
         else:
-            config, _present = read_config(model_dir)
+            config, _present = read_config(model_dir, self.config.model_config_name)
         config = normalise(config, model_dir, versions, source)
         self._warn(config.name or model_dir.name, validate(config, source))
         return config
@@ -453,23 +509,26 @@ class ModelManager:
         set; with ``only``, prepare just that version and swap it in beside the others
         (a per-version load, ``versions.py``)."""
         name = rec.name
+        shown = layout.display_name(name)  # the model's name (``name`` may be a qualified key)
         t0 = time.monotonic()
         versions = layout.list_versions(model_dir)
         config = self._read_config(model_dir, config_json, versions)
+        await run_agents(config, model_dir)  # checksum: the files are the ones expected
         backend = backend_for(config)
         composing: list[str] = []
         if config.platform == "ensemble":
-            composing = composing_models(config)
+            steps = self._step_keys(name, composing_models(config))
+            composing = sorted(set(steps.values()))
             await self._ensure_loaded(name, composing)
-            backend = EnsembleBackend(self.serving.infer, self._serving_config)
+            backend = self._ensemble_backend(steps)
         if backend is None:
             raise Unsupported(
-                f"failed to load '{name}': unsupported backend '{config.backend or config.platform}'"
+                f"failed to load '{shown}': unsupported backend '{config.backend or config.platform}'"
                 " (supported: python, onnxruntime, pytorch, tensorrt, ensemble)"
             )
         if not versions:
             raise NotFound(
-                f"failed to load '{name}': no version directory found in {model_dir} "
+                f"failed to load '{shown}': no version directory found in {model_dir} "
                 "(versions are numeric directories such as 1/)"
             )
         if only is None:
@@ -478,13 +537,13 @@ class ModelManager:
             selected = [only]
         else:
             raise NotFound(
-                f"failed to load '{name}' version {only}: no version directory "
+                f"failed to load '{shown}' version {only}: no version directory "
                 f"{model_dir / str(only)} (versions: {', '.join(map(str, versions))})"
             )
         settings = {k: v for b, k, v in self.config.backend_config if b in ("", config.backend)}
         if backend is not None and not self.config.disable_auto_complete_config:
             probe = ModelSpec(
-                name,
+                shown,
                 selected[-1],
                 model_dir,
                 model_dir / str(selected[-1]),
@@ -495,7 +554,10 @@ class ModelManager:
             config = await asyncio.get_running_loop().run_in_executor(
                 None, backend.auto_complete, probe
             )
-            validate(config, f"{model_dir / 'config.pbtxt'} (after auto-complete)")
+            validate(
+                config,
+                f"{config_path(model_dir, self.config.model_config_name)} (after auto-complete)",
+            )
         self._check_devices(name, config)
         for v in selected:
             if v not in rec.serving:
@@ -506,7 +568,7 @@ class ModelManager:
         try:
             for v in selected:
                 spec = ModelSpec(
-                    name,
+                    shown,
                     v,
                     model_dir,
                     model_dir / str(v),
@@ -516,7 +578,15 @@ class ModelManager:
                     serving=self.serving,
                 )
                 # cumulative across reloads: the registry keeps them when it is published
-                stats = rec.stats.get(v) or ModelStats(name, str(v))
+                stats = rec.stats.get(v) or ModelStats(
+                    shown,
+                    str(v),
+                    namespace=self.namespace_of(name) if self.config.model_namespacing else "",
+                    summaries=LatencySummaries() if self.config.summary_latencies else None,
+                    first_response=(
+                        FirstResponseHistogram() if self.config.histogram_latencies else None
+                    ),
+                )
                 new[v] = await start_version(
                     spec,
                     backend,
@@ -582,12 +652,42 @@ class ModelManager:
         )
 
     # -------------------------------------------------------------- ensembles
+    def _step_keys(self, ensemble: str, steps: list[str]) -> dict[str, str]:
+        """Step model name -> the key it runs: under --model-namespacing the model of that
+        name in the ensemble's own repository where there is one (Triton looks there first),
+        else the plain name (ambiguous if several other repositories have it)."""
+        if not self.config.model_namespacing:
+            return {m: m for m in steps}
+        repo = self.namespace_of(ensemble)
+        present = self.list_models()
+        out: dict[str, str] = {}
+        for m in steps:
+            own = str(Path(repo) / m)
+            out[m] = own if repo and own in present else m
+        return out
+
+    def _ensemble_backend(self, steps: dict[str, str]) -> EnsembleBackend:
+        """The ensemble backend, its steps' names mapped to their keys (``_step_keys``)."""
+        if all(k == m for m, k in steps.items()):
+            return EnsembleBackend(self.serving.infer, self._serving_config)
+        serving = self.serving
+
+        async def infer(request: InferRequest) -> InferResponse:
+            request.model_name = steps.get(request.model_name, request.model_name)
+            return await serving.infer(request)
+
+        def config_of(name: str, version: str) -> mc.ModelConfig | None:
+            return self._serving_config(steps.get(name, name), version)
+
+        return EnsembleBackend(infer, config_of)
+
     async def _ensure_loaded(self, ensemble: str, models: list[str]) -> None:
         """Load the composing models that are not serving (as Triton does in explicit mode);
         a failure fails the ensemble's load naming the composing model."""
+        shown = layout.display_name(ensemble)
         for m in models:
             if m == ensemble:
-                raise InvalidArgument(f"failed to load '{ensemble}': it names itself as a step")
+                raise InvalidArgument(f"failed to load '{shown}': it names itself as a step")
             rec = self.record(m)
             if rec.serving:
                 continue
@@ -599,7 +699,8 @@ class ModelManager:
                 await self.load(m, refresh=False)  # the ensemble's load refreshed
             except ServerError as exc:
                 raise type(exc)(
-                    f"failed to load '{ensemble}': composing model '{m}' failed to load: {exc}",
+                    f"failed to load '{shown}': composing model "
+                    f"'{layout.display_name(m)}' failed to load: {exc}",
                     exc.status,
                 ) from None
 
@@ -623,8 +724,16 @@ class ModelManager:
         await asyncio.gather(*(one(sv) for sv in versions))
 
     # ----------------------------------------------------------------- unload
-    async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        check_model_name(name)
+    async def unload(self, name: str, unload_dependents: bool = False, exact: bool = False) -> None:
+        """Unload ``name``: a client's name (every namespace's model of it), or with
+        ``exact`` the one key (the poll's, a dependent's)."""
+        if not layout.is_qualified(name):
+            check_model_name(name)
+            keys = [name] if exact else self.keys_of(name)
+            if keys != [name]:  # namespacing: every repository's model of that name
+                for k in keys:
+                    await self.unload(k, unload_dependents)
+                return
         rec = self.registry.get(name)
         if rec is None:
             # Triton answers success for a model it does not know; so do we.
@@ -646,7 +755,7 @@ class ModelManager:
                 composing.dependents.discard(name)
         if unload_dependents:
             for dep in sorted(book.dependents):
-                await self.unload(dep)
+                await self.unload(dep, exact=True)
 
     async def shutdown(self, timeout: float, exit_timeout: float | None = None) -> bool:
         """Drain every serving version (up to ``timeout``: what is left of ``exit_timeout``,
@@ -698,7 +807,7 @@ class ModelManager:
     async def poll_once(self) -> None:
         # a failed refresh leaves the mirrors as they were: the scan below finds no change
         await self.refresh_remote_logged("poll")
-        present = layout.list_models(self.repositories)
+        present = self.list_models()
         for name, model_dir in present.items():
             book = self._books.get(name)
             if book is not None and book.signature == self.directory_signature(model_dir):
@@ -714,13 +823,13 @@ class ModelManager:
                 continue
             if rec.serving:
                 log.info("poll: model '%s' was removed from the repository; unloading", name)
-                await self.unload(name)
+                await self.unload(name, exact=True)
             now = self.registry.get(name)
             if now is not None and not now.present:
                 self.forget_if_unknown(now)
 
     async def _poll_loop(self) -> None:
-        for name, model_dir in layout.list_models(self.repositories).items():
+        for name, model_dir in self.list_models().items():
             self.book(name).signature = self.directory_signature(model_dir)
         while True:
             await asyncio.sleep(self.config.repository_poll_secs)

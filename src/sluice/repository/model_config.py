@@ -15,6 +15,9 @@ from ..errors import InvalidArgument
 
 __all__ = [
     "CONFIG_FILE",
+    "CONFIGS_DIR",
+    "check_config_name",
+    "config_path",
     "ConfigParseError",
     "read_config",
     "parse_config_text",
@@ -24,6 +27,8 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.pbtxt"
+# --model-config-name=<name> reads <model>/configs/<name>.pbtxt (Triton's custom configuration)
+CONFIGS_DIR = "configs"
 
 # platform -> backend, as Triton fills them in
 _PLATFORM_BACKEND = {
@@ -89,9 +94,32 @@ def parse_config_json(text: str, source: str = "'config' parameter") -> mc.Model
     return config
 
 
-def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
-    """(config, present): the parsed config.pbtxt, or an empty config if there is none."""
-    path = model_dir / CONFIG_FILE
+def check_config_name(name: str) -> str:
+    """``--model-config-name``: a plain file name without ``.pbtxt`` ("" = config.pbtxt only),
+    so that the configuration read is always inside the model's ``configs`` directory."""
+    if name and (name in (".", "..") or "/" in name or "\\" in name or "\0" in name):
+        raise ValueError(
+            f"--model-config-name: '{name}' is not a plain file name (it names "
+            f"<model>/{CONFIGS_DIR}/<name>.pbtxt)"
+        )
+    return name
+
+
+def config_path(model_dir: Path, config_name: str = "") -> Path:
+    """The file a model's configuration comes from: ``configs/<config_name>.pbtxt`` where it
+    exists, else ``config.pbtxt`` (Triton falls back to it per model; with neither, the model
+    loads as without a config: auto-completed)."""
+    if config_name:
+        custom = model_dir / CONFIGS_DIR / f"{config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / CONFIG_FILE
+
+
+def read_config(model_dir: Path, config_name: str = "") -> tuple[mc.ModelConfig, bool]:
+    """(config, present): the parsed configuration (``config_path``), or an empty config if
+    there is none."""
+    path = config_path(model_dir, config_name)
     try:
         text = path.read_text()
     except FileNotFoundError:
