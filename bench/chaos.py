@@ -243,7 +243,7 @@ def _fd_kinds(pid: int) -> dict[str, int]:
         except OSError:
             continue
         if target.startswith("/dev/shm/"):  # a segment: counted by whether it still exists
-            target = "/dev/shm (deleted)" if target.endswith(" (deleted)") else "/dev/shm"
+            target = target if target.endswith(" (deleted)") else "/dev/shm"
         elif not target.startswith("/"):
             target = re.sub(r"[:\[].*", "", target)  # socket:[123] -> socket
         kinds[target] += 1

@@ -574,8 +574,10 @@ class PythonInstance:
 
     def _on_failure(self, exc: ServerError) -> None:
         """The worker died or is stopping: every open stream ends with that error, and what
-        it counted in its metric cells is kept."""
+        it counted in its metric cells is kept; its output arena (unlinked with it) is
+        unmapped here, not at the replacement's first answer, which may never come."""
         self._metrics.worker_gone()
+        self._outputs.close()
         streams, self._streams = self._streams, {}
         for r in streams.values():
             if r.responses is not None:

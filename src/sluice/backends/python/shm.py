@@ -21,6 +21,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import itertools
@@ -97,6 +98,28 @@ def _close_retired(retired: list[shared_memory.SharedMemory]) -> None:
         except BufferError:
             still.append(seg)
     retired[:] = still
+
+
+def _close_later(retired: list[shared_memory.SharedMemory], delay: float = 1.0) -> None:
+    """A closed arena's segments that views still pinned at its close: tried again every
+    ``delay`` seconds on the running loop until they close (the views are answers on their
+    way out), since nothing else will touch the arena again. Without a loop: left to
+    garbage collection."""
+    if not retired:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    segs = list(retired)
+    retired.clear()
+
+    def sweep(tries: int) -> None:
+        _close_retired(segs)
+        if segs and tries > 1:
+            loop.call_later(delay, sweep, tries - 1)
+
+    loop.call_later(delay, sweep, 600)
 
 
 def datatype_of(array: np.ndarray) -> str:
@@ -191,6 +214,7 @@ class ArenaWriter:
             self._seg = None
             self._buf = None
         _close_retired(self._retired)
+        _close_later(self._retired)
 
 
 class ArenaReader:
@@ -234,6 +258,7 @@ class ArenaReader:
             self._buf = None
             self.name = ""
         _close_retired(self._retired)
+        _close_later(self._retired)
 
 
 # ------------------------------------------------------------------------ the side channel
