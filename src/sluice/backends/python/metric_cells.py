@@ -14,28 +14,14 @@ Rules of this file:
 from __future__ import annotations
 
 import contextlib
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any
+
+from .segments import open_segment, unlink_segment
 
 __all__ = ["CellBlocks", "MappedBlocks", "BLOCK_CELLS"]
 
 BLOCK_CELLS = 8192  # 64 KiB per block
-
-
-def _open(name: str, create: bool, size: int = 0) -> shared_memory.SharedMemory:
-    seg = shared_memory.SharedMemory(name=name, create=create, size=size)
-    # we unlink ourselves (unlink_prefix); keep multiprocessing's tracker out of it
-    with contextlib.suppress(Exception):
-        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
-    return seg
-
-
-def _unlink(name: str) -> None:
-    # not SharedMemory.unlink: it tells the resource tracker, which no longer knows the name
-    posixshmem: Any = getattr(shared_memory, "_posixshmem", None)
-    with contextlib.suppress(OSError):
-        if posixshmem is not None:
-            posixshmem.shm_unlink("/" + name.lstrip("/"))
 
 
 def _cells(seg: shared_memory.SharedMemory) -> memoryview:
@@ -57,7 +43,7 @@ class CellBlocks:
         if n > BLOCK_CELLS:
             raise ValueError(f"a metric needs {n} cells, more than a block's {BLOCK_CELLS}")
         if self._used + n > BLOCK_CELLS:
-            seg = _open(f"{self._prefix}{len(self._segments)}", True, BLOCK_CELLS * 8)
+            seg = open_segment(f"{self._prefix}{len(self._segments)}", True, BLOCK_CELLS * 8)
             self._segments.append(seg)
             self._views.append(_cells(seg))
             self._used = 0
@@ -71,7 +57,8 @@ class CellBlocks:
         for seg in self._segments:
             with contextlib.suppress(Exception):
                 seg.close()
-            _unlink(seg.name)
+            with contextlib.suppress(OSError):
+                unlink_segment(seg.name)
         self._views, self._segments = [], []
 
 
@@ -84,7 +71,7 @@ class MappedBlocks:
     def view(self, name: str) -> memoryview:
         got = self._segments.get(name)
         if got is None:
-            seg = _open(name, False)
+            seg = open_segment(name, False)
             got = self._segments[name] = (seg, _cells(seg))
         return got[1]
 

@@ -53,7 +53,18 @@ from .worker import worker_main
 __all__ = ["WorkerClient", "run_auto_complete", "describe_exit"]
 
 _CTX = mp.get_context("spawn")
+
+
 # what a worker sends unasked: handed to ``on_message``
+def _post(child: _Child, msg: Any) -> bool:
+    """``msg`` down ``child``'s pipe; False if the pipe is gone (the worker died)."""
+    try:
+        child.tx.send_bytes(encode(msg))
+    except OSError:
+        return False
+    return True
+
+
 _ASKS = frozenset((Respond, BlsCall, Cancel, MetricCall, ModelControlCall))
 RESTART_TRIES = 3
 log = logging.getLogger("sluice.workers")
@@ -335,25 +346,13 @@ class WorkerClient:
         """Send a message that expects no reply (Cancel, BlsReply); False if the worker is
         not running."""
         child = self._child
-        if child is None or not child.ready:
-            return False
-        try:
-            child.tx.send_bytes(encode(msg))
-        except OSError:
-            return False
-        return True
+        return child is not None and child.ready and _post(child, msg)
 
     def answer(self, msg: Any) -> bool:
         """Send the answer to a call the worker made (MetricReply, ModelControlReply): also
         while it starts, since ``initialize`` may make such calls. False if it is gone."""
         child = self._child
-        if child is None or child.exited or child.released:
-            return False
-        try:
-            child.tx.send_bytes(encode(msg))
-        except OSError:
-            return False
-        return True
+        return child is not None and not (child.exited or child.released) and _post(child, msg)
 
     def _dispatch(self, msg: Message) -> None:
         kind = type(msg)

@@ -22,13 +22,12 @@ Rules of this file:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import itertools
 import mmap
 import os
 from collections.abc import Sequence
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ import numpy as np
 from ...protocol import bytes_tensor
 from ...protocol.datatypes import KSERVE_TO_NUMPY
 from .messages import Payload, TensorRef
+from .segments import open_segment, posixshmem, unlink_segment
 
 __all__ = [
     "pack",
@@ -52,27 +52,6 @@ __all__ = [
 ALIGN = 64
 _MIN_SIZE = 1 << 20
 _STEP = 1 << 16
-_posixshmem: Any = getattr(shared_memory, "_posixshmem", None)
-
-
-def _open(name: str, create: bool, size: int = 0) -> shared_memory.SharedMemory:
-    seg = shared_memory.SharedMemory(name=name, create=create, size=size)
-    # See "rules of this file": we own cleanup; keep the tracker out of it.
-    with contextlib.suppress(Exception):
-        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
-    return seg
-
-
-def unlink_segment(name: str) -> None:
-    """Remove a segment name (mappings stay valid); a missing name is not an error."""
-    try:
-        if _posixshmem is not None:
-            _posixshmem.shm_unlink("/" + name.lstrip("/"))
-        else:  # pragma: no cover - non-POSIX
-            seg = shared_memory.SharedMemory(name=name)
-            seg.close()
-    except FileNotFoundError:
-        pass
 
 
 def unlink_prefix(prefix: str) -> None:
@@ -166,7 +145,7 @@ class ArenaWriter:
         self._generation += 1
         name = f"{self._prefix}{self._generation}"
         unlink_segment(name)  # a leftover of a crashed predecessor with the same name
-        seg = _open(name, create=True, size=size)
+        seg = open_segment(name, create=True, size=size)
         old, old_name = self._seg, self.name
         self._seg, self._buf, self.name, self.size = seg, seg.buf, name, seg.size
         if old is not None:
@@ -229,7 +208,7 @@ class ArenaReader:
     def attach(self, name: str) -> None:
         if name == self.name:
             return
-        seg = _open(name, create=False)
+        seg = open_segment(name, create=False)
         old = self._seg
         self._seg, self._buf, self.name = seg, seg.buf, name
         if old is not None:
@@ -297,7 +276,7 @@ def pack(tensors: Sequence[tuple[str, np.ndarray, str]], prefix: str) -> Payload
         return ("", tuple(refs), b"".join(parts))
     name = f"{prefix}x{os.getpid()}_{next(_serial)}"
     unlink_segment(name)
-    seg = _open(name, create=True, size=offset)
+    seg = open_segment(name, create=True, size=offset)
     try:
         buf = seg.buf
         assert buf is not None
@@ -317,7 +296,7 @@ def unpack(payload: Payload) -> list[tuple[str, str, np.ndarray]]:
         return []
     if segment:
         try:
-            fd = _posixshmem.shm_open("/" + segment, os.O_RDONLY, 0o600)
+            fd = posixshmem.shm_open("/" + segment, os.O_RDONLY, 0o600)
         finally:
             unlink_segment(segment)
         try:
