@@ -19,6 +19,13 @@ and a bug in obstore cannot hide behind the same bug in the fixture. It also kee
 vendors' SDKs out of the test dependencies. (S3: requests signed with Signature Version 4;
 GCS: the emulator's JSON API needs no credentials; Azure: requests signed with Shared Key.)
 
+``serve_other_bytes(key, data)`` makes the store serve ``data`` for ``key`` while it still
+reports the checksum of what ``key`` held (the case only a checksum catches): GCS (its
+filesystem backend: ``GcsServer(dir, backend="filesystem")``) keeps an object's metadata, hashes
+included, beside its bytes, which are rewritten in place; Azure stores whatever Content-MD5 a
+client sets (Set Blob Properties). moto computes an S3 ETag from the content it holds, so S3
+cannot be made to misreport.
+
 ``url(prefix)`` is the ``--model-repository`` argument as Triton spells it; ``env()`` the
 variables the sluice process is started with; ``obstore_kwargs()`` the obstore store
 configuration that reads what the server holds, exactly as sluice is to build it:
@@ -246,6 +253,11 @@ class StoreServer:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         raise NotImplementedError
+
+    def serve_other_bytes(self, key: str, data: bytes) -> None:
+        """From now on ``key`` reads as ``data`` (as many bytes as it holds now) while the store
+        reports the checksum of what it holds now."""
+        raise StoreUnavailable(f"{type(self).__name__} cannot misreport a checksum")
 
     def url(self, prefix: str = "") -> str:
         raise NotImplementedError
@@ -508,14 +520,21 @@ class GcsServer(StoreServer):
     scheme = "gs"
     fixed_port = True
 
+    def __init__(self, workdir: Path, bucket: str = "models", backend: str = "memory") -> None:
+        super().__init__(workdir, bucket)
+        self.backend = backend  # "memory", or "filesystem" (under workdir/gcs-data)
+        self.data_dir = self.workdir / "gcs-data"
+
     def _command(self, port: int) -> list[str]:
         url = f"http://127.0.0.1:{port}"
+        storage = ["-filesystem-root", str(self.data_dir)] if self.backend == "filesystem" else []
         return [
             str(fake_gcs_server_binary()),
             "-scheme",
             "http",
             "-backend",
-            "memory",
+            self.backend,
+            *storage,
             "-host",
             "127.0.0.1",
             "-port",
@@ -578,6 +597,15 @@ class GcsServer(StoreServer):
             token = page.get("nextPageToken")
             if not token:
                 return out
+
+    def serve_other_bytes(self, key: str, data: bytes) -> None:
+        if self.backend != "filesystem":
+            raise StoreUnavailable("serve_other_bytes needs GcsServer(backend='filesystem')")
+        # the object's bytes, the metadata (hashes, ETag) in an extended attribute of the file
+        path = self.data_dir / self.bucket / key
+        assert path.stat().st_size == len(data), "serve_other_bytes keeps the size"
+        with path.open("r+b") as f:
+            f.write(data)
 
     def url(self, prefix: str = "") -> str:
         return f"gs://{self.bucket}/{prefix}".rstrip("/")
@@ -673,6 +701,23 @@ class AzureServer(StoreServer):
 
     def delete(self, key: str) -> None:
         self._signed("DELETE", f"/{self.bucket}/{key}", ok=(202,))
+
+    def serve_other_bytes(self, key: str, data: bytes) -> None:
+        held = self.get(key)
+        assert len(held) == len(data), "serve_other_bytes keeps the size"
+        self.put(key, data)
+        # Set Blob Properties: the Content-MD5 of what was held (the headers not given reset,
+        # and a listing without a blob's Content-Type is refused by obstore: it is given again)
+        md5 = base64.b64encode(hashlib.md5(held).digest()).decode()
+        self._signed(
+            "PUT",
+            f"/{self.bucket}/{key}",
+            {"comp": "properties"},
+            headers={
+                "x-ms-blob-content-md5": md5,
+                "x-ms-blob-content-type": "application/octet-stream",
+            },
+        )
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         out: list[ObjectInfo] = []

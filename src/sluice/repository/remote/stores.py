@@ -6,6 +6,13 @@ Rules of this file:
 - Every failure becomes ``RepositoryError`` (HTTP 400, as Triton's load errors) whose message
   names the URL and says in a few words what failed: the store's error code and message, a
   refused connection, a timeout. Secrets are scrubbed from every message.
+- A download is checked against the listed size, and against the checksum the store reports
+  where it reports one (``checksums.py``): S3's listing carries it (an ETag that is an MD5);
+  for GCS and Azure, whose checksums obstore does not expose, one HEAD request per downloaded
+  object reads them (``X-Goog-Hash``, ``Content-MD5``), to a URL obstore signs with the
+  store's credentials (unsigned for an anonymous store, as obstore's own requests are then).
+  That answer's ETag and the download's must both be the listed one: a checksum or content
+  of another version of the object is never taken for the listed one.
 - Emulators: ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` (the GCS emulator variable of google-cloud-cpp,
   the client inside Triton) or ``STORAGE_EMULATOR_HOST`` (the Python client's); for Azure,
   sluice's own ``AZURE_STORAGE_ENDPOINT`` (Triton always uses the account's public endpoint).
@@ -15,22 +22,38 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import hashlib
 import json
+import logging
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from ...errors import InvalidArgument
+from .checksums import (
+    Digest,
+    Reported,
+    from_content_md5,
+    from_goog_hash,
+    from_s3_etag,
+    normal_etag,
+    same_etag,
+)
 from .credentials import Credentials, secrets_of
 from .url import StoreUrl
 
 __all__ = ["ObjectInfo", "RepositoryError", "Store", "describe_error", "open_store"]
 
 
+log = logging.getLogger("sluice.repository")
+
 # a download is written out in pieces of about this size
 _CHUNK = 4 << 20
+# how long a URL signed for reading an object's checksum is valid
+_SIGNED_FOR = datetime.timedelta(minutes=15)
 
 
 class RepositoryError(InvalidArgument):
@@ -86,14 +109,46 @@ def _import_obstore() -> Any:
     return obstore
 
 
+@dataclass(frozen=True, slots=True)
+class ChecksumSource:
+    """Where a GCS or Azure object's checksum is read: a HEAD of the object's URL, signed by
+    obstore (``sign``: the method to sign for) or, for an anonymous store, ``base`` + the
+    quoted key."""
+
+    base: str
+    sign: str = ""  # "HEAD" (GCS), "GET" (Azure: a read SAS serves HEAD too), "" = unsigned
+
+
+class _WriteFailed(Exception):
+    """Writing a download out failed (args[0]: the OSError)."""
+
+
+def _head(url: str, timeout_s: float) -> tuple[int, Any]:
+    """One HEAD request: (status, headers); runs in a thread."""
+    req = urllib.request.Request(url, method="HEAD")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers
+
+
 class Store:
     """One repository's client: list its objects, fetch one (verified)."""
 
-    def __init__(self, url: StoreUrl, creds: Credentials, timeout_s: float, client: Any) -> None:
+    def __init__(
+        self,
+        url: StoreUrl,
+        creds: Credentials,
+        timeout_s: float,
+        client: Any,
+        checksums: ChecksumSource | None = None,
+    ) -> None:
         self.url = url
         self.creds = creds
         self.timeout_s = timeout_s
         self._client = client
+        self._checksums = checksums
         self._obstore = _import_obstore()
         self.secrets = secrets_of(creds)
 
@@ -140,18 +195,87 @@ class Store:
         except TimeoutError:
             raise self.stalled("cannot list objects") from None
 
+    async def reported(self, obj: ObjectInfo) -> Reported:
+        """The checksum the store reports for ``obj`` (see the rules above); RepositoryError
+        if the object is gone or changed since it was listed. A store that will not answer
+        the HEAD (other than 404) leaves the object to be checked by its size, with a
+        warning."""
+        if self.url.scheme == "s3" or self._checksums is None:
+            return from_s3_etag(obj.etag) if self.url.scheme == "s3" else Reported()
+        src = self._checksums
+        where = self.url.object_url(obj.key)
+        try:
+            if src.sign:
+                target = await asyncio.wait_for(
+                    self._obstore.sign_async(self._client, src.sign, obj.key, _SIGNED_FOR),
+                    self.timeout_s,
+                )
+            else:
+                target = src.base + urllib.parse.quote(obj.key, safe="/")
+            loop = asyncio.get_running_loop()
+            status, headers = await asyncio.wait_for(
+                loop.run_in_executor(None, _head, target, self.timeout_s), self.timeout_s
+            )
+        except TimeoutError:
+            raise self.stalled("cannot read its checksum", obj.key) from None
+        except Exception as exc:
+            log.warning(
+                "model repository %s: cannot read its checksum (%s): checked by its size only",
+                where,
+                describe_error(exc, self.secrets),
+            )
+            return Reported()
+        if status == 404:
+            raise RepositoryError(
+                f"model repository {where}: object disappeared while downloading: the store "
+                "answered 404 Not Found"
+            )
+        if status >= 300:
+            log.warning(
+                "model repository %s: cannot read its checksum (the store answered %d): "
+                "checked by its size only",
+                where,
+                status,
+            )
+            return Reported()
+        if not same_etag(headers.get("ETag"), obj.etag):
+            raise self.changed(obj, headers.get("ETag"))
+        if self.url.scheme == "gs":
+            return from_goog_hash(headers.get_all("X-Goog-Hash") or [])
+        return from_content_md5(headers.get("Content-MD5"))
+
+    def changed(self, obj: ObjectInfo, etag: str | None) -> RepositoryError:
+        return RepositoryError(
+            f"model repository {self.url.object_url(obj.key)}: the object changed after it "
+            f"was listed (ETag {normal_etag(etag)}, listed {normal_etag(obj.etag)}); the next "
+            "refresh reads it again"
+        )
+
     async def fetch(self, obj: ObjectInfo, out: BinaryIO) -> None:
         """Write the bytes of ``obj`` to ``out`` as they arrive, then check them against the
-        listed size (and, for an S3 ETag that is an MD5, the content's MD5). Any wait for
-        the store (the answer, each chunk) is bounded by the timeout: a slow but moving
-        download of a large file is not cut, a stalled one is."""
+        listed size and the checksum the store reports (``reported``); the download's ETag
+        must be the listed one. Any wait for the store (the answer, each chunk) is bounded by
+        the timeout: a slow but moving download of a large file is not cut, a stalled one
+        is."""
+        want = await self.reported(obj)
+        digest = Digest(want)
         loop = asyncio.get_running_loop()
-        digest = hashlib.md5(usedforsecurity=False)
         size = 0
+
+        def take(data: bytes) -> None:
+            digest.update(data)
+            try:
+                out.write(data)
+            except OSError as exc:  # the cache's file system, not the store: the caller names it
+                raise _WriteFailed(exc) from None
+
         try:
             result = await asyncio.wait_for(
                 self._obstore.get_async(self._client, obj.key), self.timeout_s
             )
+            got_etag = result.meta.get("e_tag")
+            if not same_etag(got_etag, obj.etag):
+                raise self.changed(obj, got_etag)
             chunks = result.stream(min_chunk_size=_CHUNK).__aiter__()
             while True:
                 try:
@@ -160,8 +284,11 @@ class Store:
                     break
                 data = bytes(chunk)
                 size += len(data)
-                digest.update(data)
-                await loop.run_in_executor(None, out.write, data)
+                await loop.run_in_executor(None, take, data)
+        except RepositoryError:
+            raise
+        except _WriteFailed as exc:
+            raise exc.args[0] from None
         except TimeoutError:
             raise self.stalled("download stalled", obj.key) from None
         except FileNotFoundError as exc:
@@ -174,14 +301,9 @@ class Store:
                 f"model repository {where}: downloaded {size} bytes, the listing said "
                 f"{obj.size} (the object changed during the download?)"
             )
-        etag = (obj.etag or "").strip('"')
-        if self.url.scheme == "s3" and re.fullmatch(r"[0-9a-f]{32}", etag):
-            got = digest.hexdigest()
-            if got != etag:
-                raise RepositoryError(
-                    f"model repository {where}: content MD5 {got} does not match the ETag "
-                    f"{etag} (the object changed during the download?)"
-                )
+        wrong = digest.mismatch()
+        if wrong is not None:
+            raise RepositoryError(f"model repository {where}: {wrong}")
 
 
 def open_store(
@@ -203,6 +325,7 @@ def open_store(
     }
     del obstore
     client: Any
+    checksums: ChecksumSource | None = None
     if url.scheme == "s3":
         kw: dict[str, Any] = {"virtual_hosted_style_request": False}
         if url.endpoint:
@@ -243,6 +366,9 @@ def open_store(
                 }
             )
         client = GCSStore(url.bucket, client_options=client_options, retry_config=retry, **gkw)
+        # the XML API's HEAD answers X-Goog-Hash; a key file signs its URL
+        base = emulator or "https://storage.googleapis.com"
+        checksums = ChecksumSource(f"{base}/{url.bucket}/", "HEAD" if creds.gcs_key_file else "")
     else:
         akw: dict[str, Any] = {"account_name": creds.account or url.account}
         endpoint = env.get("AZURE_STORAGE_ENDPOINT", "")
@@ -254,4 +380,8 @@ def open_store(
         else:
             akw["skip_signature"] = True
         client = AzureStore(url.bucket, client_options=client_options, retry_config=retry, **akw)
-    return Store(url, creds, timeout_s, client)
+        account_url = endpoint or f"https://{akw['account_name']}.blob.core.windows.net"
+        checksums = ChecksumSource(
+            f"{account_url.rstrip('/')}/{url.bucket}/", "GET" if creds.account_key else ""
+        )
+    return Store(url, creds, timeout_s, client, checksums)
