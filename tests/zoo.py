@@ -365,3 +365,72 @@ def marking_gated_model(repo: Path, name: str, gate: Path, marks: Path, count: i
         """,
         MARK_GATE_PY,
     )
+
+
+# Each execute appends "<start ns> <end ns>\n" (CLOCK_MONOTONIC, one clock for every process of
+# the machine) to the file named by its "spans" parameter, so the executions of several models
+# can be laid on one time line; it holds until its "gate" file exists (when one is named), then
+# sleeps "sleep_ms".
+SPANS_PY = """
+import json
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"])["parameters"]
+        self.ms = float(params["sleep_ms"]["string_value"])
+        self.gate = params["gate"]["string_value"]
+        self.fd = os.open(params["spans"]["string_value"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def execute(self, requests):
+        start = time.monotonic_ns()
+        while self.gate and not os.path.exists(self.gate):
+            time.sleep(0.002)
+        time.sleep(self.ms / 1000.0)
+        out = [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+        os.write(self.fd, f"{start} {time.monotonic_ns()}\\n".encode())
+        return out
+
+    def finalize(self):
+        os.close(self.fd)
+"""
+
+
+def span_recording_model(
+    repo: Path,
+    name: str,
+    spans: Path,
+    sleep_ms: float = 1.0,
+    gate: Path | None = None,
+    instance_extra: str = "",
+) -> Path:
+    """An FP32 [1] echo (max_batch_size 0: one request per execution) on one CPU instance that
+    records each execution's [start, end] in ``spans`` (see SPANS_PY); ``instance_extra`` goes
+    into its instance group (``rate_limiter { ... }``)."""
+    return write_model(
+        repo,
+        name,
+        f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 1, kind: KIND_CPU {instance_extra} }} ]
+        parameters {{ key: "sleep_ms" value: {{ string_value: "{sleep_ms}" }} }}
+        parameters {{ key: "gate" value: {{ string_value: "{gate or ""}" }} }}
+        parameters {{ key: "spans" value: {{ string_value: "{spans}" }} }}
+        """,
+        SPANS_PY,
+    )
+
+
+def read_spans(path: Path) -> list[tuple[int, int]]:
+    """The [start, end] pairs a span-recording model wrote, in order."""
+    if not path.exists():
+        return []
+    return [(int(a), int(b)) for a, b in (line.split() for line in path.read_text().splitlines())]
