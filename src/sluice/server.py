@@ -240,6 +240,8 @@ class Server:
         # load of a restored model changes nothing)
         failed = await state.restore(recorded) if state is not None and recorded else []
         failed += [n for n in await self.manager.startup() if n not in failed]
+        if self.service.on_demand is not None:
+            self.service.on_demand.mark_pins()
         # recorded before the server turns ready (a probe that sees READY finds the file);
         # not when this start is about to exit: the record of the last good start stays
         if not (failed and self.config.exit_on_error):
@@ -276,8 +278,8 @@ class Server:
         if gated_grpc:
             assert self._grpc is not None
             await self._grpc.stop(grace=timeout)
-        if self.service.on_demand is not None:  # loads under way stop; none starts
-            await self.service.on_demand.close()
+        if self.service.on_demand is not None:  # no load starts; the one under way may end
+            await self.service.on_demand.close(max(0.0, deadline - time.monotonic()))
         drained = await self.service.wait_idle(max(0.0, deadline - time.monotonic()))
         remaining = max(0.0, deadline - time.monotonic())
         drained = (

@@ -123,3 +123,25 @@ def test_refusal_stops_the_first_instance() -> None:
     results, _ = asyncio.run(admission.start_instances("m", 1, _config(), insts))  # type: ignore[arg-type]
     assert all(r is not None and "not enough memory" in str(r) for r in results)
     assert insts[0].started and insts[0].stopped and not insts[1].started
+
+
+def test_a_declared_estimate_replaces_the_measurement() -> None:
+    from sluice.errors import InvalidArgument
+    from sluice.repository.admission import declared_estimate
+
+    cfg = _config()
+    assert declared_estimate(cfg) is None
+    cfg.parameters["sluice_memory_estimate"].string_value = "512M"
+    assert declared_estimate(cfg) == 512 * MiB
+    admission = MemoryAdmission(machine=lambda: MachineMemory(64 * GiB, 64 * GiB, "x"))
+    insts = [_Instance(), _Instance()]
+    results, estimate = asyncio.run(admission.start_instances("m", 1, cfg, insts))  # type: ignore[arg-type]
+    assert results == [None, None] and estimate == 512 * MiB
+    why = admission._refusal("m", 1, 40 * GiB, 3, "declared")
+    assert why is not None and "the first instance took 40.0 GiB (declared)" in why
+    cfg.parameters["sluice_memory_estimate"].string_value = "lots"
+    with pytest.raises(InvalidArgument) as info:
+        declared_estimate(cfg)
+    assert str(info.value).startswith(
+        "model 'm': parameter 'sluice_memory_estimate' must be a size in bytes (e.g. '512M')"
+    )

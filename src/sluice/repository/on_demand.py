@@ -33,6 +33,8 @@ Rules of this file:
 - When what cannot be evicted leaves no room, the load is refused at once with UNAVAILABLE
   (503) naming the models holding the memory and why (the request does not wait for them
   to become idle); a model larger than the whole budget is refused with INVALID_ARG (400).
+- At shutdown (``close``) no load starts any more; the one under way may finish within
+  what is left of ``--exit-timeout-secs`` (its requests are in flight), else is cancelled.
 - Every load and eviction is logged, written to the audit log (protocol ``on-demand``,
   actions ``load`` and ``evict``, the client whose request caused it where known), added to
   the dashboard's events, counted (``on_demand_metrics.py``) and shown in the index: READY
@@ -43,7 +45,7 @@ Usage::
     on_demand = OnDemand(manager, limit=2 << 30, pins=["resnet"])
     serving.on_demand = on_demand          # the request path wakes cold models through it
     await on_demand.wake("bert", "", timeout_us=0)
-    await on_demand.close()                # shutdown: loads under way are cancelled
+    await on_demand.close(timeout=30)      # shutdown: no new load; the one under way ends
 """
 
 from __future__ import annotations
@@ -161,6 +163,19 @@ class OnDemand:
             f"{format_size(mem.available)} available ({mem.where}) minus a "
             f"{format_size(margin)} safety margin, plus {format_size(held)} the models hold"
         )
+
+    def waiting(self) -> dict[str, int]:
+        """Requests waiting now for their model's load on demand, by model."""
+        return dict(self._waking)
+
+    def mark_pins(self) -> None:
+        """The index reason of the pinned models that serve (loaded at start)."""
+        for name in sorted(self.pins):
+            rec = self.registry.get(name)
+            if rec is None:
+                continue
+            for v in rec.serving:
+                self.registry.set_state(name, v, READY, PINNED_REASON)
 
     def evicted_reason(self, name: str) -> str:
         """The index reason of ``name`` if its last unload was an eviction and nothing of it
@@ -413,11 +428,15 @@ class OnDemand:
             )
 
     # --------------------------------------------------------------- shutdown
-    async def close(self) -> None:
-        """No more loads on demand; the ones under way are cancelled (their instances are
-        stopped by the manager's load)."""
+    async def close(self, timeout: float) -> None:
+        """Shutdown: no load on demand starts from now on (those waiting for their turn fail
+        UNAVAILABLE); the one under way may finish within ``timeout`` seconds (its waiting
+        requests are in flight and are then served), else it is cancelled."""
         self._closed = True
         tasks = list(self._loading.values())
-        for task in tasks:
+        if not tasks:
+            return
+        _done, left = await asyncio.wait(tasks, timeout=timeout)
+        for task in left:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*left, return_exceptions=True)

@@ -7,6 +7,7 @@ from ``OnDemand`` at scrape time:
 - ``sluice_model_evictions_total{model}``: unloads that made room for another model;
 - ``sluice_model_load_wait_seconds{model}`` (histogram): how long requests waited for the
   model's load on demand, each waiting request once, whatever the outcome;
+- ``sluice_model_load_waiting_requests{model}``: requests waiting now for the model's load;
 - ``sluice_model_memory_bytes{model}``: what each serving model holds as admission
   estimated it (declared or measured per instance x instances), the figure the budget counts;
 - ``sluice_model_memory_held_bytes`` / ``sluice_model_memory_budget_bytes``: their sum, and
@@ -69,6 +70,13 @@ class OnDemandCollector(Collector):
                 buckets.append((repr(float(bound)), acc))
             buckets.append(("+Inf", c.wait.total))
             wait.add_metric(label, buckets, c.wait.sum_s)
+        waiting = GaugeMetricFamily(
+            "sluice_model_load_waiting_requests",
+            "Requests waiting now for their model's load on demand",
+            labels=["model"],
+        )
+        for name, n in sorted(od.waiting().items()):
+            waiting.add_metric([layout.display_name(name)], float(n))
         memory = GaugeMetricFamily(
             "sluice_model_memory_bytes",
             "Bytes a serving model holds as admission estimated them (declared or measured "
@@ -89,4 +97,4 @@ class OnDemandCollector(Collector):
             "--model-memory-limit, else the available memory minus a margin plus what they hold",
         )
         budget.add_metric([], float(od.budget()[0]))
-        yield from (loads, failures, evictions, wait, memory, held, budget)
+        yield from (loads, failures, evictions, wait, waiting, memory, held, budget)
