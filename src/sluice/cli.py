@@ -322,6 +322,24 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
         "instances would not fit is refused (the machine's available memory is always checked)",
     )
     p.add_argument(
+        "--model-load-on-demand",
+        type=_bool,
+        default=False,
+        metavar="BOOL",
+        help="a request for a model that is in the repository but not loaded loads it and "
+        "then runs; the least recently used idle models are unloaded first when the models "
+        "would not fit in --model-memory-limit (else the machine's available memory). "
+        "Control modes none (then only pinned models load at start) and explicit",
+    )
+    p.add_argument(
+        "--model-pin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-load-on-demand: this model loads at start and is never evicted "
+        "(repeatable)",
+    )
+    p.add_argument(
         "--rate-limit",
         type=str.lower,
         choices=RateLimit.ALL,
@@ -658,6 +676,7 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
             "--model-control-state requires --model-control-mode=explicit (in the other modes "
             "the repository, not the API, decides what is loaded)"
         )
+    pins = _pins(ns, parser)
     disable_ac = ns.disable_auto_complete_config or bool(ns.strict_model_config)
     if ns.grpc_edge not in GrpcEdge.ALL:
         parser.error(
@@ -728,11 +747,38 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         cache_size_bytes=_cache_size(ns.cache_config, parser),
         trace_config=_trace_config(ns, parser),
         model_memory_limit=ns.model_memory_limit,
+        model_load_on_demand=ns.model_load_on_demand,
+        model_pins=pins,
         rate_limit=ns.rate_limit,
         rate_limit_resources=_rate_limit_resources(ns.rate_limit_resource, parser),
         overload_status=ns.overload_status,
         **_security(ns, parser),  # type: ignore[arg-type]
     )
+
+
+def _pins(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """--model-pin names, checked: they need --model-load-on-demand, which needs a mode where
+    the API or requests (not the repository poll) decide what is loaded."""
+    from .core.validation import check_model_name
+    from .errors import ServerError
+
+    if ns.model_load_on_demand and ns.model_control_mode == ControlMode.POLL:
+        parser.error(
+            "--model-load-on-demand requires --model-control-mode=none or explicit (in poll "
+            "mode the repository's contents decide what is loaded, and an evicted model "
+            "would not come back until its files change)"
+        )
+    if ns.model_pin and not ns.model_load_on_demand:
+        parser.error("--model-pin requires --model-load-on-demand=true")
+    pins: list[str] = []
+    for name in ns.model_pin:
+        try:
+            check_model_name(name)
+        except ServerError as exc:
+            parser.error(f"--model-pin: {exc}")
+        if name not in pins:
+            pins.append(name)
+    return tuple(pins)
 
 
 def _trace_config(

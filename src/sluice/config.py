@@ -154,6 +154,12 @@ class ServerConfig:
     # --model-memory-limit: bytes the server and its workers may hold; a load whose instances
     # would go past it (or past the machine's available memory) is refused (0 = no limit)
     model_memory_limit: int = 0
+    # --model-load-on-demand: a request for a model that is in the repository but not loaded
+    # loads it (the request waits), unloading the least recently used idle models first to
+    # stay within --model-memory-limit, else the machine's available memory
+    # (repository/on_demand.py); --model-pin: models loaded at start and never evicted
+    model_load_on_demand: bool = False
+    model_pins: tuple[str, ...] = ()
     # --rate-limit and --rate-limit-resource=<name>:<count>[:<device>] as (name, count,
     # device; -1 = every device): instances execute when their resources are free
     rate_limit: str = RateLimit.OFF

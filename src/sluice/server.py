@@ -68,7 +68,14 @@ def build(
             os.environ,
         )
     manager = ModelManager(config, registry, serving, remotes)
-    return registry, manager, InferenceService(config, manager, registry, serving, logs)
+    service = InferenceService(config, manager, registry, serving, logs)
+    if config.model_load_on_demand:
+        from .repository.on_demand import OnDemand
+
+        on_demand = OnDemand(manager, limit=config.model_memory_limit, pins=config.model_pins)
+        on_demand.events = service.events
+        serving.on_demand = service.on_demand = on_demand
+    return registry, manager, service
 
 
 class Server:
@@ -87,6 +94,8 @@ class Server:
         self.policy = build_policy(config)
         if self.policy is not None:  # python models' load_model / unload_model are audited
             self.service.serving.model_control.audit = self.policy.audit
+            if self.service.on_demand is not None:  # so are loads and evictions on demand
+                self.service.on_demand.audit = self.policy.audit
 
     def reload_keys(self) -> None:
         """SIGHUP: re-read --api-keys-file; a bad file keeps the keys in force."""
@@ -163,7 +172,7 @@ class Server:
                     self.service.serving.cache,
                     cfg.allow_cpu_metrics,
                     self.service.serving.custom_metrics,
-                    self._repository_collector(),
+                    self._repository_collectors(),
                     self.service.serving.limiter,
                     counter_latencies=cfg.counter_latencies,
                     summary_quantiles=cfg.summary_quantiles,
@@ -176,14 +185,20 @@ class Server:
         if not (cfg.allow_grpc and cfg.traffic_follows_readiness):
             self._announce()
 
-    def _repository_collector(self) -> Any:
-        """The object-storage repositories' counters for the metrics port (None without)."""
+    def _repository_collectors(self) -> list[Any]:
+        """The metrics port's families of the repository's own: the object-storage
+        repositories' counters, on-demand loading's (none without either)."""
+        out: list[Any] = []
         remotes = self.manager.remotes
-        if not remotes:
-            return None
-        from .repository.remote.metrics import RepositoryCollector
+        if remotes:
+            from .repository.remote.metrics import RepositoryCollector
 
-        return RepositoryCollector(remotes.counters)
+            out.append(RepositoryCollector(remotes.counters))
+        if self.service.on_demand is not None:
+            from .repository.on_demand_metrics import OnDemandCollector
+
+            out.append(OnDemandCollector(self.service.on_demand))
+        return out
 
     def _announce(self) -> None:
         """Triton's "Started ..." lines and the port file, once every front-end listens."""
@@ -225,6 +240,8 @@ class Server:
         # load of a restored model changes nothing)
         failed = await state.restore(recorded) if state is not None and recorded else []
         failed += [n for n in await self.manager.startup() if n not in failed]
+        if self.service.on_demand is not None:
+            self.service.on_demand.mark_pins()
         # recorded before the server turns ready (a probe that sees READY finds the file);
         # not when this start is about to exit: the record of the last good start stays
         if not (failed and self.config.exit_on_error):
@@ -261,6 +278,8 @@ class Server:
         if gated_grpc:
             assert self._grpc is not None
             await self._grpc.stop(grace=timeout)
+        if self.service.on_demand is not None:  # no load starts; the one under way may end
+            await self.service.on_demand.close(max(0.0, deadline - time.monotonic()))
         drained = await self.service.wait_idle(max(0.0, deadline - time.monotonic()))
         remaining = max(0.0, deadline - time.monotonic())
         drained = (

@@ -28,6 +28,7 @@ from .protocol.datatypes import kserve_to_numpy
 from .repository import versions
 from .repository.control_file import ControlState
 from .repository.manager import ModelManager
+from .repository.on_demand import OnDemand
 from .tracing import Tracer, parse_trace_flags
 from .types import InferRequest, InferResponse
 
@@ -83,6 +84,9 @@ class InferenceService:
         # --traffic-follows-readiness: no inference while not ready (a proxy goes elsewhere)
         self._gated = config.traffic_follows_readiness
         self._idle: asyncio.Event | None = None
+        # --model-load-on-demand (repository/on_demand.py; set by server.build): requests load
+        # the models they ask for; None when off
+        self.on_demand: OnDemand | None = None
 
     # --- lifecycle ------------------------------------------------------------
     def stop_accepting(self) -> None:
@@ -135,12 +139,20 @@ class InferenceService:
             return False
         return await self.serving.versions_ready([sv])
 
-    def _serving(self, name: str, version: str) -> ServingVersion:
-        check_model_name(name)
-        return self.serving.get(name, version)
+    def not_ready_reason(self, name: str) -> str:
+        """Why a model that is not ready is not, where sluice knows more than "not ready":
+        an eviction by on-demand loading (its index reason), else ""."""
+        od = self.on_demand
+        return od.evicted_reason(name) if od is not None else ""
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        sv = self._serving(name, version)
+    async def _serving(self, name: str, version: str) -> ServingVersion:
+        """The version serving ``name``; with on-demand loading, loaded first if the model
+        serves nothing (metadata and config are the first calls of many clients)."""
+        check_model_name(name)
+        return await self.serving.get_or_wake(name, version)
+
+    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        sv = await self._serving(name, version)
         cfg = sv.config
         batch = (-1,) if sv.max_batch_size > 0 else ()
 
@@ -158,8 +170,8 @@ class InferenceService:
             "outputs": tensors(sv.outputs),
         }
 
-    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        return self._serving(name, version).config
+    async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return (await self._serving(name, version)).config
 
     def _admit(self, admitted: bool) -> None:
         """Refuse inference once the server is stopping (or, with

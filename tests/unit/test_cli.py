@@ -101,3 +101,37 @@ def test_write_port_file_is_whole_json(tmp_path):
     write_port_file(str(path), {"grpc": 1, "http": 2, "metrics": None})
     assert json.loads(path.read_text()) == {"grpc": 1, "http": 2, "metrics": None}
     assert [p.name for p in tmp_path.iterdir()] == ["ports.json"]  # no temporary left
+
+
+def test_on_demand_flags(capsys):
+    c = parse_serve_args(
+        [
+            "--model-repository=/r",
+            "--model-control-mode=explicit",
+            "--model-load-on-demand=true",
+            "--model-pin=a",
+            "--model-pin",
+            "b",
+            "--model-pin=a",
+            "--model-memory-limit=2G",
+        ]
+    )
+    assert c.model_load_on_demand and c.model_pins == ("a", "b")
+    assert c.model_memory_limit == 2 << 30
+    assert parse_serve_args(["--model-repository=/r"]).model_load_on_demand is False
+    refusals = [
+        (
+            ["--model-control-mode=poll", "--model-load-on-demand=true"],
+            "--model-load-on-demand requires --model-control-mode=none or explicit",
+        ),
+        (["--model-pin=a"], "--model-pin requires --model-load-on-demand=true"),
+        (
+            ["--model-load-on-demand=true", "--model-pin=../x"],
+            "--model-pin: invalid model name '../x'",
+        ),
+    ]
+    for flags, words in refusals:
+        with pytest.raises(SystemExit) as info:
+            parse_serve_args(["--model-repository=/r", *flags])
+        assert info.value.code == 2
+        assert words in capsys.readouterr().err

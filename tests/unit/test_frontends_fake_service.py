@@ -74,7 +74,10 @@ class ToyService(InferenceService):
     async def model_ready_checked(self, name: str, version: str = "") -> bool:
         return self.model_ready(name, version)
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    def not_ready_reason(self, name: str) -> str:
+        return ""
+
+    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         self._known(name)
         t = {"datatype": "FP32", "shape": [-1, 4]}
         return {
@@ -85,7 +88,7 @@ class ToyService(InferenceService):
             "outputs": [{"name": "OUTPUT0", **t}, {"name": "OUTPUT1", **t}],
         }
 
-    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+    async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         self._known(name)
         cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=8)
         for n in ("INPUT0", "INPUT1"):

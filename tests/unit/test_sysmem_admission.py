@@ -109,17 +109,39 @@ def test_decision_names_estimate_count_and_what_is_left() -> None:
 def test_first_failure_starts_nothing_more_and_success_starts_all() -> None:
     admission = MemoryAdmission(machine=lambda: MachineMemory(64 * GiB, 64 * GiB, "x"))
     bad = [_Instance(fail=True), _Instance(), _Instance()]
-    results = asyncio.run(admission.start_instances("m", 1, _config(), bad))  # type: ignore[arg-type]
+    results, _ = asyncio.run(admission.start_instances("m", 1, _config(), bad))  # type: ignore[arg-type]
     assert all(isinstance(r, RuntimeError) for r in results)
     assert not bad[1].started and bad[1].stopped
     good = [_Instance(), _Instance(), _Instance()]
-    results = asyncio.run(admission.start_instances("m", 1, _config(), good))  # type: ignore[arg-type]
+    results, _ = asyncio.run(admission.start_instances("m", 1, _config(), good))  # type: ignore[arg-type]
     assert results == [None, None, None] and all(i.started for i in good)
 
 
 def test_refusal_stops_the_first_instance() -> None:
     admission = MemoryAdmission(machine=lambda: MachineMemory(0, 64 * GiB, "x"))
     insts = [_Instance(), _Instance()]
-    results = asyncio.run(admission.start_instances("m", 1, _config(), insts))  # type: ignore[arg-type]
+    results, _ = asyncio.run(admission.start_instances("m", 1, _config(), insts))  # type: ignore[arg-type]
     assert all(r is not None and "not enough memory" in str(r) for r in results)
     assert insts[0].started and insts[0].stopped and not insts[1].started
+
+
+def test_a_declared_estimate_replaces_the_measurement() -> None:
+    from sluice.errors import InvalidArgument
+    from sluice.repository.admission import declared_estimate
+
+    cfg = _config()
+    assert declared_estimate(cfg) is None
+    cfg.parameters["sluice_memory_estimate"].string_value = "512M"
+    assert declared_estimate(cfg) == 512 * MiB
+    admission = MemoryAdmission(machine=lambda: MachineMemory(64 * GiB, 64 * GiB, "x"))
+    insts = [_Instance(), _Instance()]
+    results, estimate = asyncio.run(admission.start_instances("m", 1, cfg, insts))  # type: ignore[arg-type]
+    assert results == [None, None] and estimate == 512 * MiB
+    why = admission._refusal("m", 1, 40 * GiB, 3, "declared")
+    assert why is not None and "the first instance took 40.0 GiB (declared)" in why
+    cfg.parameters["sluice_memory_estimate"].string_value = "lots"
+    with pytest.raises(InvalidArgument) as info:
+        declared_estimate(cfg)
+    assert str(info.value).startswith(
+        "model 'm': parameter 'sluice_memory_estimate' must be a size in bytes (e.g. '512M')"
+    )

@@ -127,6 +127,9 @@ class ServingVersion:
     # unique per load of this version (the manager counts): the response cache keys on it,
     # so files changed under the same version number never answer from the old load's entries
     generation: int = 0
+    # bytes its instances hold as admission saw them (declared or measured estimate per
+    # instance x instances; 0 for an ensemble): what on-demand loading counts in its budget
+    memory: int = 0
 
     @property
     def config(self) -> mc.ModelConfig:

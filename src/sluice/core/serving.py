@@ -20,6 +20,11 @@ Rules of this file:
 - Readiness asks the model itself only where it has a check of its own (python models that
   define ``is_ready``: instances with ``has_ready_check``), every such instance at once;
   any instance not ready makes the version not ready. Others cost nothing here.
+- With on-demand loading (``on_demand``, ``repository/on_demand.py``), a request (inference,
+  metadata, config) whose model serves nothing is handed to it when the lookup fails with
+  NotFound: it may load the model (the request waits, bounded by its ``timeout``
+  parameter) and the lookup is made again; otherwise the lookup's own error stands. The
+  lookup that succeeds costs nothing more.
 - A request whose caller goes away before its answer (client disconnected, call cancelled,
   deadline passed) counts once, as a failure with reason CANCELED, whether it was still
   queued (it leaves the queue: ``scheduler.py``) or executing (its answer is dropped).
@@ -39,7 +44,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -60,7 +65,7 @@ from .rate_limiter import RateLimiter
 from .registry import Registry, ServingVersion
 from .validation import check_model_name, check_request
 
-__all__ = ["Serving", "DECOUPLED_REFUSED", "MAX_CHECKED"]
+__all__ = ["Serving", "Waker", "DECOUPLED_REFUSED", "MAX_CHECKED"]
 
 log = logging.getLogger("sluice.serving")
 
@@ -81,6 +86,15 @@ def _int_param(params: dict[str, Any], key: str) -> int:
         raise InvalidArgument(
             f"request parameter '{key}' must be an integer, got '{value}'"
         ) from None
+
+
+class Waker(Protocol):
+    """On-demand loading as the request path sees it (``repository/on_demand.py``)."""
+
+    async def wake(self, name: str, version: str = "", timeout_us: int = 0) -> bool:
+        """Load ``name`` if it is in a repository and serves nothing (False if not such a
+        model); raises the load's error, or UNAVAILABLE past ``timeout_us``."""
+        ...
 
 
 class Serving:
@@ -107,6 +121,8 @@ class Serving:
         # by InferenceService)
         self.custom_metrics = CustomMetrics()
         self.model_control: Any = None
+        # --model-load-on-demand: loads a model a request asks for that serves nothing
+        self.on_demand: Waker | None = None
 
     # -------------------------------------------------------------- readiness
     async def versions_ready(self, versions: list[ServingVersion]) -> bool:
@@ -174,6 +190,29 @@ class Serving:
                     return sv
         return self.get(name, version)
 
+    async def get_or_wake(self, name: str, version: str = "") -> ServingVersion:
+        """``get``, after on-demand loading has loaded the model if it serves nothing
+        (metadata and config requests: the first calls of many clients)."""
+        try:
+            return self.get(name, version)
+        except NotFound as exc:
+            od = self.on_demand
+            if od is None or not await od.wake(name, version):
+                raise exc from None
+        return self.get(name, version)
+
+    async def _woken(self, request: InferRequest, error: NotFound) -> ServingVersion:
+        """The version a request goes to once on-demand loading has loaded its model, which
+        served nothing; ``error`` (the lookup's) when it does not load it."""
+        od = self.on_demand
+        if od is None:
+            raise error
+        params = request.parameters
+        timeout = _int_param(params, "timeout") if params else 0
+        if not await od.wake(request.model_name, request.model_version, timeout):
+            raise error
+        return self.route(request.model_name, request.model_version)
+
     def _not_serving(self, name: str) -> ServerError:
         # --model-namespacing: models of this name in several repositories are kept under
         # qualified keys (their directories' paths); a plain name is then ambiguous
@@ -228,7 +267,10 @@ class Serving:
         if trace is not None and not trace.started:
             return await self._traced(request, trace, protocol, single)
         arrival = request.arrival_ns or time.monotonic_ns()
-        sv = self.route(request.model_name, request.model_version)
+        try:
+            sv = self.route(request.model_name, request.model_version)
+        except NotFound as exc:
+            sv = await self._woken(request, exc)
         if trace is not None:
             trace.model_version = sv.spec.version
         if sv.decoupled and not single:  # refused before validation, as Triton
@@ -331,7 +373,10 @@ class Serving:
 
     async def _infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         arrival = request.arrival_ns or time.monotonic_ns()
-        sv = self.route(request.model_name, request.model_version)
+        try:
+            sv = self.route(request.model_name, request.model_version)
+        except NotFound as exc:
+            sv = await self._woken(request, exc)
         if request.trace is not None:
             request.trace.model_version = sv.spec.version
         sv, batch, key = self._admit(request, sv)

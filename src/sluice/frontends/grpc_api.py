@@ -128,11 +128,13 @@ class GrpcHandlers:
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         return codec.model_metadata_response(
-            self.service.model_metadata(request.name, request.version)
+            await self.service.model_metadata(request.name, request.version)
         )
 
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        return codec.model_config_response(self.service.model_config(request.name, request.version))
+        return codec.model_config_response(
+            await self.service.model_config(request.name, request.version)
+        )
 
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest

@@ -45,7 +45,7 @@ from ..protocol.generate_codec import (
 from ..protocol.http_codec import encode_infer_response, read_infer_request
 from ..protocol.http_routes import ROUTES, MethodNotAllowed, Router
 from ..protocol.infer_layout import HttpLayouts
-from ..security.access import AccessDenied, Policy
+from ..security.access import CALLER, AccessDenied, Policy
 from ..service import InferenceService
 from ..types import InferResponse
 from .dashboard_page import dashboard_data, dashboard_file
@@ -360,6 +360,8 @@ class HttpFrontend:
                 return
         scope["sluice.key"] = key
         audit = policy.audit
+        if audit is not None:  # what the request causes (a load on demand) names its caller
+            CALLER.set((key, address))
         action = self.routes.action(scope["method"], parts) if audit is not None else None
         if audit is None or action is None:
             await self(scope, receive, send)
@@ -429,7 +431,7 @@ class HttpFrontend:
         self, scope: Scope, receive: Receive, name: str, version: str = "", stream: bool = False
     ) -> Result:
         body = await _read_body(receive)
-        meta = self.service.model_metadata(name, version)
+        meta = await self.service.model_metadata(name, version)
         request = decode_generate_request(body, name, version, meta["inputs"])
         if not stream:
             response = await _unless_gone(scope, self.service.infer(request, single=True))
@@ -460,18 +462,20 @@ class HttpFrontend:
     async def _model_metadata(
         self, scope: Scope, receive: Receive, name: str, version: str = ""
     ) -> Result:
-        return _json(self.service.model_metadata(name, version))
+        return _json(await self.service.model_metadata(name, version))
 
     async def _model_ready(
         self, scope: Scope, receive: Receive, name: str, version: str = ""
     ) -> Result:
-        ready = await self.service.model_ready_checked(name, version)
-        return _OK_EMPTY if ready else _MODEL_NOT_READY
+        if await self.service.model_ready_checked(name, version):
+            return _OK_EMPTY
+        why = self.service.not_ready_reason(name)  # on-demand loading: evicted, and why
+        return _error(400, f"Model version not ready: {why}") if why else _MODEL_NOT_READY
 
     async def _model_config(
         self, scope: Scope, receive: Receive, name: str, version: str = ""
     ) -> Result:
-        return _json(config_to_json_dict(self.service.model_config(name, version)))
+        return _json(config_to_json_dict(await self.service.model_config(name, version)))
 
     async def _model_statistics(
         self, scope: Scope, receive: Receive, name: str, version: str = ""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -25,14 +25,15 @@ def metrics_app(
     cache: ResponseCache | None = None,
     cpu_metrics: bool = True,
     custom: CustomMetrics | None = None,
-    extra: Collector | None = None,
+    extra: Sequence[Collector] = (),
     limiter: RateLimiter | None = None,
     counter_latencies: bool = True,
     summary_quantiles: tuple[tuple[float, float], ...] = (),
 ) -> Any:
     """The metrics port's ASGI app: the server's families (the rate ``limiter``'s, and
     ``extra``'s, e.g. the object-store repositories' counters), then the python models' own
-    (``pb_utils.MetricFamily``), as Triton lists them after its own."""
+    (``pb_utils.MetricFamily``), as Triton lists them after its own. ``extra``: the
+    repository's own collectors (object-storage counters, on-demand loading)."""
     registry = build_registry(
         models, cache, cpu_metrics, extra, limiter, counter_latencies, summary_quantiles
     )

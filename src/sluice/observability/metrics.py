@@ -16,7 +16,7 @@ samples carry ``namespace`` (its repository).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import psutil
 from prometheus_client import generate_latest
@@ -431,18 +431,18 @@ def build_registry(
     models: Registry,
     cache: ResponseCache | None = None,
     cpu_metrics: bool = True,
-    extra: Collector | None = None,
+    extra: Sequence[Collector] = (),
     limiter: RateLimiter | None = None,
     counter_latencies: bool = True,
     summary_quantiles: tuple[tuple[float, float], ...] = (),
 ) -> CollectorRegistry:
     """The Prometheus registry of the models serving in ``models`` (and ``cache``, and the
-    rate ``limiter``), plus ``extra`` (the object-storage repositories' counters, where there
-    are any)."""
+    rate ``limiter``), plus ``extra`` (the object-storage repositories' counters, on-demand
+    loading's, where there are any)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(
         TritonCollector(models, cache, cpu_metrics, limiter, counter_latencies, summary_quantiles)
     )
-    if extra is not None:
-        registry.register(extra)
+    for collector in extra:
+        registry.register(collector)
     return registry

@@ -14,6 +14,12 @@ Rules of this file:
   what is left and how many instances would fit; the manager turns it into a failed load
   (400 / INVALID_ARGUMENT, as Triton answers a version that fails to initialize). Nothing
   else is touched: the versions already serving keep serving.
+- A model may declare what one instance holds instead: the config parameter
+  ``sluice_memory_estimate`` (a size, ``K``/``M``/``G``/``T`` suffixes, e.g. ``"512M"``).
+  It replaces the measurement (a model whose memory grows after ``initialize``, or one
+  whose figure must not depend on the machine); a value that is not a size fails the load.
+- The estimate per instance is returned with the outcomes (``Admitted``): the version's
+  footprint (estimate x instances) is what on-demand loading counts against its budget.
 - Ensembles hold no model and are not measured.
 """
 
@@ -23,17 +29,21 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import psutil
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelInstance
 from ..errors import InvalidArgument
-from ..host.sysmem import MachineMemory, format_size, machine_memory, tree_rss
+from ..host.sysmem import MachineMemory, format_size, machine_memory, parse_size, tree_rss
 
-__all__ = ["MemoryAdmission", "safety_margin"]
+__all__ = ["Admitted", "MemoryAdmission", "declared_estimate", "safety_margin", "ESTIMATE_PARAM"]
 
 log = logging.getLogger("sluice.admission")
+
+# the config parameter declaring what one instance holds (instead of measuring it)
+ESTIMATE_PARAM = "sluice_memory_estimate"
 
 _MIN_MARGIN = 128 << 20
 _MAX_MARGIN = 1 << 30
@@ -43,6 +53,30 @@ def safety_margin(total: int) -> int:
     """What is kept free of model instances: 5% of the memory, at least 128 MiB, at most 1 GiB
     (the server's own buffers, page cache for model files, other processes)."""
     return min(_MAX_MARGIN, max(_MIN_MARGIN, total // 20))
+
+
+def declared_estimate(config: mc.ModelConfig) -> int | None:
+    """The bytes one instance holds as the config declares them (``sluice_memory_estimate``),
+    or None; InvalidArgument naming the parameter when it is not a size."""
+    if ESTIMATE_PARAM not in config.parameters:
+        return None
+    raw = config.parameters[ESTIMATE_PARAM].string_value
+    try:
+        return parse_size(raw)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"model '{config.name}': parameter '{ESTIMATE_PARAM}' must be a size in bytes "
+            f"(e.g. '512M'): {exc}"
+        ) from None
+
+
+class Admitted(NamedTuple):
+    """What ``start_instances`` did: per instance None or its exception (as
+    ``asyncio.gather(..., return_exceptions=True)``), and the bytes one instance holds
+    (declared or measured; 0 for an ensemble or when the first instance failed)."""
+
+    outcomes: list[BaseException | None]
+    estimate: int
 
 
 def _own_rss() -> int:
@@ -56,8 +90,9 @@ class MemoryAdmission:
     """Starts a version's instances, refusing those that would not fit in memory.
 
     >>> admission = MemoryAdmission(limit=8 << 30)       # --model-memory-limit=8G (0: none)
-    >>> results = await admission.start_instances("big", 1, config, instances)
-    >>> # like asyncio.gather(..., return_exceptions=True): None or the exception, per instance
+    >>> admitted = await admission.start_instances("big", 1, config, instances)
+    >>> admitted.outcomes   # None or the exception, per instance
+    >>> admitted.estimate   # bytes one instance holds (declared or measured)
     """
 
     def __init__(
@@ -73,34 +108,41 @@ class MemoryAdmission:
         version: int,
         config: mc.ModelConfig,
         instances: Sequence[ModelInstance],
-    ) -> list[BaseException | None]:
+    ) -> Admitted:
         if not instances or config.platform == "ensemble":
-            return _outcomes(
-                await asyncio.gather(*(i.start() for i in instances), return_exceptions=True)
+            return Admitted(
+                _outcomes(
+                    await asyncio.gather(*(i.start() for i in instances), return_exceptions=True)
+                ),
+                0,
             )
+        declared = declared_estimate(config)  # a bad value fails before anything starts
         first, rest = instances[0], list(instances[1:])
         own_before = _own_rss()
         (outcome,) = await asyncio.gather(first.start(), return_exceptions=True)
         if isinstance(outcome, BaseException):
             # the others would fail the same way: report the first's error, start nothing more
             await _stop_all(rest)
-            return [outcome] * len(instances)
-        estimate = _measure(first, own_before)
-        refusal = self._refusal(name, version, estimate, len(instances))
+            return Admitted([outcome] * len(instances), 0)
+        estimate = declared if declared is not None else _measure(first, own_before)
+        how = "declared" if declared is not None else "measured"
+        refusal = self._refusal(name, version, estimate, len(instances), how)
         if refusal is not None:
             log.warning("%s", refusal)
             await _stop_all([first, *rest])
             error = InvalidArgument(refusal)
-            return [error] * len(instances)
+            return Admitted([error] * len(instances), estimate)
         need = estimate * len(rest)
         self._reserved += need
         try:
             results = await asyncio.gather(*(i.start() for i in rest), return_exceptions=True)
         finally:
             self._reserved -= need
-        return [None, *_outcomes(results)]
+        return Admitted([None, *_outcomes(results)], estimate)
 
-    def _refusal(self, name: str, version: int, estimate: int, count: int) -> str | None:
+    def _refusal(
+        self, name: str, version: int, estimate: int, count: int, how: str = "measured"
+    ) -> str | None:
         """None if the other ``count - 1`` instances fit; else why not, in words."""
         mem = self._machine()
         margin = safety_margin(mem.total)
@@ -129,11 +171,12 @@ class MemoryAdmission:
         left, why, remedy = min(options, key=lambda o: o[0])
         need = estimate * (count - 1)
         log.info(
-            "admission: model '%s' version %s: the first instance took %s, %d instance(s) need "
-            "about %s; %s left (%s%s)",
+            "admission: model '%s' version %s: the first instance took %s (%s), %d instance(s) "
+            "need about %s; %s left (%s%s)",
             name,
             version,
             format_size(estimate),
+            how,
             count,
             format_size(estimate * count),
             format_size(left),
@@ -143,7 +186,7 @@ class MemoryAdmission:
         head = (
             f"not enough memory for {count} instance{'s' if count > 1 else ''} of model "
             f"'{name}' version {version}: the first instance took {format_size(estimate)} "
-            f"(measured), so {count} need about {format_size(estimate * count)}"
+            f"({how}), so {count} need about {format_size(estimate * count)}"
         )
         if need <= left:
             return None

@@ -276,7 +276,7 @@ class ModelManager:
                 out.append(entry)
         return out
 
-    def _on_disk(self, key: str) -> bool:
+    def in_repository(self, key: str) -> bool:
         """A repository holds the model of this key (under namespacing the key must be the
         one the scan gives now: a name that gained or lost a second repository changes)."""
         if self.config.model_namespacing:
@@ -291,7 +291,7 @@ class ModelManager:
             and not rec.present
             and not (rec.name in self._books and self._books[rec.name].dependents)
             and rec.name not in self._ensembles
-            and not self._on_disk(rec.name)
+            and not self.in_repository(rec.name)
         ):
             self.registry.forget(rec.name)
             self._books.pop(rec.name, None)
@@ -305,8 +305,11 @@ class ModelManager:
             names = list(self.config.load_models)
             if names == ["*"]:
                 names = list(self.list_models())
+        elif self.config.model_load_on_demand:
+            names = []  # mode none, on demand: requests load the models (pinned ones below)
         else:
             names = list(self.list_models())
+        names += [n for n in self.config.model_pins if n not in names]
         # ensembles after the models they compose (they check those at load)
         ensembles = [n for n in names if self.is_ensemble(n)]
         plain = [n for n in names if n not in ensembles]
@@ -724,15 +727,22 @@ class ModelManager:
         await asyncio.gather(*(one(sv) for sv in versions))
 
     # ----------------------------------------------------------------- unload
-    async def unload(self, name: str, unload_dependents: bool = False, exact: bool = False) -> None:
+    async def unload(
+        self,
+        name: str,
+        unload_dependents: bool = False,
+        exact: bool = False,
+        reason: str = "unloaded",
+    ) -> None:
         """Unload ``name``: a client's name (every namespace's model of it), or with
-        ``exact`` the one key (the poll's, a dependent's)."""
+        ``exact`` the one key (the poll's, a dependent's, an eviction's). ``reason`` is what
+        the index says of its versions afterwards."""
         if not layout.is_qualified(name):
             check_model_name(name)
             keys = [name] if exact else self.keys_of(name)
             if keys != [name]:  # namespacing: every repository's model of that name
                 for k in keys:
-                    await self.unload(k, unload_dependents)
+                    await self.unload(k, unload_dependents, reason=reason)
                 return
         rec = self.registry.get(name)
         if rec is None:
@@ -748,7 +758,7 @@ class ModelManager:
             self.registry.set_required(name, False)
             await self.retire(old)
             for sv in old:
-                self.registry.set_state(name, sv.spec.version, UNAVAILABLE, "unloaded")
+                self.registry.set_state(name, sv.spec.version, UNAVAILABLE, reason)
         for m in self._ensembles.pop(name, ()):
             composing = self._books.get(m)
             if composing is not None:

@@ -46,7 +46,7 @@ async def start_version(
         )
     instances = backend.create_instances(spec)
     # the first instance alone, measured; the rest only if they fit in memory
-    results = await admission.start_instances(name, v, config, instances)
+    results, estimate = await admission.start_instances(name, v, config, instances)
     for inst, res in zip(instances, results, strict=True):
         if not isinstance(res, BaseException):
             started.append(inst)
@@ -65,6 +65,7 @@ async def start_version(
         limiter=limiter,
         honest_overload=honest_overload,
     )
+    sv.memory = estimate * len(instances)  # what on-demand loading counts (``on_demand.py``)
     try:
         await warm_up(sv, instances)  # before READY, on every instance
     except ServerError as exc:
