@@ -161,6 +161,12 @@ class InferenceService:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self._serving(name, version).config
 
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether ``name``/``version`` answers a request with 0..N responses
+        (``infer_stream``) rather than exactly one (``infer``); a model that is not serving
+        raises as ``infer`` would (Triton's "Request for unknown model" texts)."""
+        return self._serving(name, version).decoupled
+
     def _admit(self, admitted: bool) -> None:
         """Refuse inference once the server is stopping (or, with
         --traffic-follows-readiness, not ready). ``admitted``: the front-end's transport
