@@ -179,8 +179,10 @@ class Server:
         await _bring_down(bridge)
 
     def __enter__(self) -> Server:
+        # start() returns once the start-up models are loaded (or raises): no readiness
+        # wait, which would never end where a model failed and exit_on_error is False
         if self._bridge is None:
-            self.start(wait_until_ready=True)
+            self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -188,7 +190,7 @@ class Server:
 
     async def __aenter__(self) -> Server:
         if self._bridge is None:
-            await self.async_start(wait_until_ready=True)
+            await self.async_start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
