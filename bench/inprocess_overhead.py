@@ -8,10 +8,12 @@ Two small models, generated here: ``tiny`` (ONNX, y = x @ W + b, FP32 [1,4] -> [
 weights) and ``add_sub`` (the python example, FP32 [1,4] x 2: the worker-process hop every
 python model pays). Calls are sequential (one in flight), each variant ``--calls`` calls per
 round after ``--warmup``, ``--rounds`` rounds with the order of the variants alternating. For
-each variant: the median latency over every call, calls/s over the rounds' wall time, and
-the server's own time per request (its statistics: ``inference_stats.success.ns / count``),
-so that latency - server time is what the way in costs (the API's thread hop, or gRPC's
-client, HTTP/2 and decode).
+each variant: the median, p90 and mean latency over every call, calls/s over the rounds'
+wall time, the server's own mean time per request (its statistics:
+``inference_stats.success.ns / count``, from the request's arrival: for the in-process API
+the moment ``infer`` was called) and the mean latency less that: what the way in costs
+beyond it (converting inputs and responses, waking the caller; for gRPC the client, HTTP/2
+and the decode up to the arrival stamp).
 
     .venv/bin/python bench/inprocess_overhead.py [--calls 400] [--rounds 6] [--warmup 50]
 """
@@ -250,15 +252,20 @@ def main() -> None:
             total = args.calls * args.rounds
             print(f"\n{model}: {args.rounds} rounds x {args.calls} sequential calls")
             print(
-                f"{'variant':<18} {'median us':>10} {'p90 us':>8} {'calls/s':>9} {'server us':>10}"
+                f"{'variant':<18} {'median us':>10} {'p90 us':>8} {'mean us':>8} {'calls/s':>9} "
+                f"{'server us':>10} {'way in us':>10}"
             )
             for name in variants:
-                med = statistics.median(lats[name]) / 1e3
-                p90 = sorted(lats[name])[int(0.9 * len(lats[name]))] / 1e3
-                srv = (
-                    f"{server_ns[name] / total / 1e3:>10.1f}" if variants[name][1] else f"{'-':>10}"
+                lat = sorted(lats[name])
+                med, p90 = statistics.median(lat) / 1e3, lat[int(0.9 * len(lat))] / 1e3
+                mean = sum(lat) / len(lat) / 1e3
+                line = (
+                    f"{name:<18} {med:>10.1f} {p90:>8.1f} {mean:>8.1f} {total / walls[name]:>9.0f}"
                 )
-                print(f"{name:<18} {med:>10.1f} {p90:>8.1f} {total / walls[name]:>9.0f} {srv}")
+                if variants[name][1]:
+                    srv = server_ns[name] / total / 1e3
+                    line += f" {srv:>10.1f} {mean - srv:>10.1f}"
+                print(line)
             ratio = statistics.median(lats["gRPC loopback"]) / statistics.median(lats["in-process"])
             print(f"gRPC / in-process median latency: {ratio:.2f}x")
     finally:
