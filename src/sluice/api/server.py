@@ -116,8 +116,13 @@ class Server:
             except ServerError as exc:
                 thread.join()
                 raise from_server_error(exc) from None
-            except BaseException:
-                thread.join()
+            except BaseException:  # interrupted (Ctrl-C) while it starts: stop what started
+                while thread.is_alive():
+                    if started.done() and started.exception() is None:
+                        bridge = started.result()
+                        with contextlib.suppress(RuntimeError):
+                            bridge.loop.call_soon_threadsafe(bridge.release.set)
+                    thread.join(0.1)
                 raise
             _running.add(self)
         if wait_until_ready:
