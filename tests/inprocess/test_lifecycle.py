@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -230,3 +233,32 @@ def test_log_file(repo, tmp_path):
         _add(server)
     assert "loaded 'add_sub' version(s) [1]" in log_file.read_text()
     assert logging.getLogger("sluice").handlers == handlers
+
+
+SCRIPT = """
+import sys
+import numpy as np
+import sluice
+
+print("top level ran", flush=True)  # once: the workers do not import this script
+with sluice.Server(model_repository=sys.argv[1]) as server:
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    (r,) = server.model("add_sub").infer(inputs={"INPUT0": a, "INPUT1": a})
+    print("answer", r.outputs["OUTPUT0"].tolist(), flush=True)
+"""
+
+
+def test_a_script_without_a_main_guard(repo, tmp_path):
+    """multiprocessing's spawn would run an embedding script's top level again in every
+    worker (and refuse to start them from there); sluice's workers never import it."""
+    script = tmp_path / "embed.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(repo)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["top level ran", "answer [[0.0, 2.0, 4.0, 6.0]]"]
