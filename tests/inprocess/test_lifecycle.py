@@ -228,11 +228,12 @@ def test_failed_start(repo):
 
 def test_log_file(repo, tmp_path):
     log_file = tmp_path / "sluice.log"
-    handlers = list(logging.getLogger("sluice").handlers)
+    logger = logging.getLogger("sluice")
+    handlers, level = list(logger.handlers), logger.level
     with sluice.Server(model_repository=repo, log_file=log_file) as server:
         _add(server)
     assert "loaded 'add_sub' version(s) [1]" in log_file.read_text()
-    assert logging.getLogger("sluice").handlers == handlers
+    assert logger.handlers == handlers and logger.level == level
 
 
 SCRIPT = """

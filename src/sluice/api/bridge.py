@@ -54,13 +54,13 @@ class Bridge:
         core: CoreServer,
         loop: asyncio.AbstractEventLoop,
         thread: threading.Thread | None,
-        log_handler: logging.Handler | None = None,
+        log_file: Any = None,
     ) -> None:
         self.core = core
         self.service: InferenceService = core.service
         self.loop = loop
         self.thread = thread
-        self.log_handler = log_handler  # log_file's, on the "sluice" logger until the stop
+        self.log_file = log_file  # the log_file setting's handler (``close()`` at the stop)
         self.closed = False
         # set by stop(): the thread's loop then shuts the server down and ends
         self.release = asyncio.Event()
@@ -130,14 +130,13 @@ class Bridge:
             self._tasks.add(task)
         service = self.service
         try:
-            if service.is_decoupled(request.model_name, request.model_version):
-                if service.tracer.on:
-                    request.trace = service.tracer.sample(request.model_name)
+            decoupled = service.is_decoupled(request.model_name, request.model_version)
+            if service.tracer.on:  # --trace-config: sampled as the front-ends sample
+                request.trace = service.tracer.sample(request.model_name)
+            if decoupled:
                 async for response in service.infer_stream(request):
                     put(response)
             else:
-                if service.tracer.on:
-                    request.trace = service.tracer.sample(request.model_name)
                 put(await service.infer(request))
         except ServerError as exc:
             put(exc)

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..config import ServerConfig
 from ..errors import ServerError
-from ..observability.logsettings import server_handler
+from ..observability.logsettings import LogSettings, server_handler
 from ..server import Server as CoreServer
 from ..server import log_settings
 from .bridge import Bridge, on_loop
@@ -353,10 +353,10 @@ def _load_parameters(parameters: dict[str, Any] | None) -> dict[str, Any] | None
 
 
 # ------------------------------------------------------------------ the home loop
-async def _bring_up(config: ServerConfig) -> tuple[CoreServer, logging.Handler | None]:
+async def _bring_up(config: ServerConfig) -> tuple[CoreServer, _LogFile | None]:
     """Build and start the server as ``sluice serve`` does, without its front-ends."""
     settings = log_settings(config)
-    handler = _attach_log_file(settings) if config.log_file else None
+    handler = _LogFile(settings) if config.log_file else None
     core: CoreServer | None = None
     try:
         core = CoreServer(config, settings)
@@ -373,27 +373,36 @@ async def _bring_up(config: ServerConfig) -> tuple[CoreServer, logging.Handler |
 
 
 async def _bring_down(bridge: Bridge) -> None:
-    await _shutdown(bridge.core, bridge.log_handler)
+    await _shutdown(bridge.core, bridge.log_file)
     bridge.closed = True
 
 
-async def _shutdown(core: CoreServer | None, handler: logging.Handler | None) -> None:
+async def _shutdown(core: CoreServer | None, log_file: _LogFile | None) -> None:
     try:
         if core is not None and await core.shutdown() != 0:
             log.error("in-process server: in-flight requests were failed at stop")
     finally:
-        if handler is not None:
-            logging.getLogger("sluice").removeHandler(handler)
-            handler.close()
+        if log_file is not None:
+            log_file.close()
 
 
-def _attach_log_file(settings: Any) -> logging.Handler:
-    handler = server_handler(settings)
-    logger = logging.getLogger("sluice")
-    logger.addHandler(handler)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.DEBUG if settings.log_verbose_level > 0 else logging.INFO)
-    return handler
+class _LogFile:
+    """The ``log_file`` setting: the server's handler on the ``sluice`` logger (at INFO, or
+    DEBUG with ``log_verbose``, where no level was set on it), all undone by ``close``."""
+
+    def __init__(self, settings: LogSettings) -> None:
+        self.handler = server_handler(settings)
+        self.logger = logging.getLogger("sluice")
+        self.level = self.logger.level
+        self.logger.addHandler(self.handler)
+        if self.level == logging.NOTSET:
+            verbose = settings.log_verbose_level > 0
+            self.logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+        self.handler.close()
 
 
 def _loop_factory() -> Any:
