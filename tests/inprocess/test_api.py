@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import tritonclient.http as httpclient
 import sluice
 from sluice.errors import ServerError, Status
 from tests.inprocess.conftest import leftovers, workers
-from tests.zoo import copy_example, fail_model
+from tests.zoo import copy_example, fail_model, identity
 from tests.zoo_examples import write_example_models
 
 A = np.arange(8, dtype=np.float32).reshape(2, 4)
@@ -33,10 +34,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sluice.Server]:
     copy_example(repo, "text_streamer")
     write_example_models(repo, ("simple_sequence", "simple_identity"))
     fail_model(repo, "faulty")
+    # a batch runs when 8 requests are queued (or after 60 s)
+    identity(repo, "batched", extra="dynamic_batching { max_queue_delay_microseconds: 60000000 }")
     before = workers()
     with sluice.Server(model_repository=repo, exit_timeout_secs=10) as srv:
         started = workers() - before
-        assert len(started) == 5  # one worker per python model instance
+        assert len(started) == 6  # one worker per python model instance
         yield srv
     alive, left = leftovers(started)
     assert not alive, f"worker processes left behind: {alive}"
@@ -168,6 +171,7 @@ def test_metadata_config_readiness(server):
     index = server.models()
     assert sorted(index) == [
         ("add_sub", 1),
+        ("batched", 1),
         ("faulty", 1),
         ("simple_identity", 1),
         ("simple_sequence", 1),
@@ -305,3 +309,21 @@ def test_serve_grpc_then_tritonclient(server):
         assert client.get_model_metadata("add_sub").name == "add_sub"
     finally:
         client.close()
+
+
+def test_calls_from_threads_batch_together(server):
+    """Eight threads' requests are one batch of 8 (the model's window is 60 s: only a full
+    batch runs it), each thread gets its own row back."""
+    model = server.model("batched")
+
+    def call(i: int) -> list[float]:
+        x = np.array([[i, i + 0.5, -i]], dtype=np.float32)
+        (r,) = model.infer(inputs={"INPUT0": x})
+        return r.outputs["OUTPUT0"].tolist()
+
+    with ThreadPoolExecutor(8) as pool:
+        rows = list(pool.map(call, range(8)))
+    assert rows == [[[i, i + 0.5, -i]] for i in range(8)]
+    (st,) = server.model("batched").statistics()["model_stats"]
+    assert st["execution_count"] == 1 and st["inference_count"] == 8
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in st["batch_stats"]] == [(8, 1)]
