@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from .config import ControlMode, GrpcEdge, RateLimit, ServerConfig
 
-__all__ = ["main", "build_parser", "parse_serve_args"]
+__all__ = ["main", "build_parser", "parse_serve_args", "serve_parser", "serve_config"]
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -657,6 +657,30 @@ def _quantiles(value: str, parser: argparse.ArgumentParser) -> tuple[tuple[float
             )
         pairs.append((quantile, error))
     return tuple(pairs)
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """A parser whose every refusal raises ValueError with argparse's (or the CLI's) message
+    instead of printing it and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """``sluice serve``'s flags alone, on a parser that raises ValueError where the CLI would
+    exit (no abbreviations, no --help)."""
+    parser = _RaisingParser(prog="sluice serve", add_help=False, allow_abbrev=False)
+    _add_serve_flags(parser)
+    return parser
+
+
+def serve_config(argv: list[str]) -> ServerConfig:
+    """The ServerConfig that ``sluice serve <argv>`` runs with, each mistake raised as
+    ValueError with the message the CLI prints: the in-process API's settings
+    (``sluice.api``) go through here, so they are checked exactly as the flags are."""
+    parser = serve_parser()
+    return _to_config(parser.parse_args(argv), parser)
 
 
 def parse_serve_args(argv: list[str]) -> ServerConfig:

@@ -24,7 +24,7 @@ from .core.cache import ResponseCache
 from .core.rate_limiter import RateLimiter
 from .core.registry import Registry
 from .core.serving import Serving
-from .errors import ServerError
+from .errors import AlreadyExists, ServerError
 from .host.gcsettings import tune_gc
 from .observability.logsettings import LogSettings, setup_logging
 from .repository.manager import ModelManager
@@ -87,6 +87,7 @@ class Server:
         self._metrics: Any = None
         self._grpc: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._metrics_registry: Any = None  # metrics_text()'s, built on first use
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
         self.metrics_port = config.metrics_port
@@ -113,12 +114,14 @@ class Server:
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def _start_grpc(self) -> None:
-        """The native edge where it is built (or asked for), else grpc.aio; logs which and
-        why."""
+    async def start_grpc(self, address: str, port: int) -> int:
+        """Serve gRPC on ``address:port`` (0 = any free port): the native edge where it is
+        built (or asked for), else grpc.aio; logs which and why. Returns the bound port."""
         from .frontends import grpc_edge
         from .frontends.grpc_api import start_grpc_server
 
+        if self._grpc is not None:
+            raise AlreadyExists(f"gRPC is served already, on port {self.grpc_port}")
         cfg = self.config
         native = grpc_edge.native_edge()
         start: Callable[..., Awaitable[tuple[Any, int]]] = start_grpc_server
@@ -136,54 +139,105 @@ class Server:
             edge = f"native ({native}, --grpc-edge={cfg.grpc_edge})"
         self._grpc, self.grpc_port = await start(
             self.service,
-            cfg.grpc_address,
-            cfg.grpc_port,
+            address,
+            port,
             options=list(cfg.grpc_channel_args),
             tls=cfg.grpc_tls,
             policy=self.policy,
         )
         log.info("gRPC edge: %s", edge)
+        return self.grpc_port
+
+    async def start_http(self, address: str, port: int) -> int:
+        """Serve HTTP on ``address:port`` (0 = any free port); returns the bound port."""
+        from .frontends.http_api import HttpFrontend, start_http_server
+        from .frontends.http_limits import limited_httptools
+
+        if self._http is not None:
+            raise AlreadyExists(f"HTTP is served already, on port {self.http_port}")
+        cfg = self.config
+        self._http, task, self.http_port = await start_http_server(
+            HttpFrontend(self.service, self.policy, max_input_size=cfg.http_max_input_size),
+            address,
+            port,
+            timeout_graceful_shutdown=2,
+            http=limited_httptools(cfg.http_max_header_size or 2**62),
+            **(uvicorn_options(cfg.http_tls) if cfg.http_tls is not None else {}),
+        )
+        self._tasks.append(task)
+        return self.http_port
+
+    async def start_metrics(self, address: str, port: int) -> int:
+        """Serve ``GET /metrics`` on ``address:port`` (0 = any free port); returns the bound
+        port."""
+        from .frontends.http_api import start_http_server
+        from .frontends.metrics_api import metrics_app
+
+        if self._metrics is not None:
+            raise AlreadyExists(f"metrics are served already, on port {self.metrics_port}")
+        self._metrics, task, self.metrics_port = await start_http_server(
+            metrics_app(self.registry, *self._metrics_sources(), **self._metrics_settings()),
+            address,
+            port,
+            timeout_graceful_shutdown=1,
+        )
+        self._tasks.append(task)
+        return self.metrics_port
 
     async def _start_frontends(self) -> None:
         from .frontends.grpc_edge import tune_malloc
-        from .frontends.http_api import HttpFrontend, start_http_server
-        from .frontends.http_limits import limited_httptools
-        from .frontends.metrics_api import metrics_app
 
         cfg = self.config
         if not tune_malloc():  # large tensors: see tune_malloc
             log.debug("malloc not tuned (not glibc)")
         if cfg.allow_http:
-            self._http, task, self.http_port = await start_http_server(
-                HttpFrontend(self.service, self.policy, max_input_size=cfg.http_max_input_size),
-                cfg.http_address,
-                cfg.http_port,
-                timeout_graceful_shutdown=2,
-                http=limited_httptools(cfg.http_max_header_size or 2**62),
-                **(uvicorn_options(cfg.http_tls) if cfg.http_tls is not None else {}),
-            )
-            self._tasks.append(task)
+            await self.start_http(cfg.http_address, cfg.http_port)
         if cfg.allow_grpc and not cfg.traffic_follows_readiness:
-            await self._start_grpc()
+            await self.start_grpc(cfg.grpc_address, cfg.grpc_port)
         if cfg.allow_metrics:
-            self._metrics, task, self.metrics_port = await start_http_server(
-                metrics_app(
-                    self.registry,
-                    self.service.serving.cache,
-                    cfg.allow_cpu_metrics,
-                    self.service.serving.custom_metrics,
-                    self._repository_collectors(),
-                    self.service.serving.limiter,
-                    counter_latencies=cfg.counter_latencies,
-                    summary_quantiles=cfg.summary_quantiles,
-                ),
-                cfg.metrics_address,
-                cfg.metrics_port,
-                timeout_graceful_shutdown=1,
-            )
-            self._tasks.append(task)
+            await self.start_metrics(cfg.metrics_address, cfg.metrics_port)
         if not (cfg.allow_grpc and cfg.traffic_follows_readiness):
             self._announce()
+
+    def _metrics_sources(self) -> tuple[Any, ...]:
+        """What the metrics port shows beside the registry's models, in ``metrics_app``'s
+        order: the response cache, CPU metrics on/off, the python models' own families,
+        the repository's own collectors (object storage, on-demand loading), the rate limiter."""
+        serving = self.service.serving
+        return (
+            serving.cache,
+            self.config.allow_cpu_metrics,
+            serving.custom_metrics,
+            self._repository_collectors(),
+            serving.limiter,
+        )
+
+    def _metrics_settings(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "counter_latencies": cfg.counter_latencies,
+            "summary_quantiles": cfg.summary_quantiles,
+        }
+
+    def metrics_text(self) -> str:
+        """What ``GET /metrics`` answers now (the Prometheus text format), without a port."""
+        from .backends.python.custom_metrics import CustomMetrics
+        from .observability.metrics import build_registry, exposition
+
+        if self._metrics_registry is None:
+            cache, cpu, _, extra, limiter = self._metrics_sources()
+            settings = self._metrics_settings()
+            self._metrics_registry = build_registry(
+                self.registry,
+                cache,
+                cpu,
+                extra,
+                limiter,
+                settings["counter_latencies"],
+                settings["summary_quantiles"],
+            )
+        custom: CustomMetrics = self.service.serving.custom_metrics
+        return exposition(self._metrics_registry).decode() + custom.render()
 
     def _repository_collectors(self) -> list[Any]:
         """The metrics port's families of the repository's own: the object-storage
@@ -220,7 +274,11 @@ class Server:
         if cfg.port_file:
             write_port_file(cfg.port_file, {k: v[3] if v[0] else None for k, v in bound.items()})
 
-    async def serve(self) -> int:
+    async def start(self, *, frontends: bool = True) -> list[str]:
+        """Everything ``serve`` does before it waits for the stop: the repositories read, the
+        front-ends started (``frontends=False``: none, the in-process API starts them when
+        asked), the start-up models loaded. Returns the models that failed to load; whether
+        that ends the start (--exit-on-error) is the caller's to decide."""
         # object-storage repositories: the first listing and download fill their mirrors; a
         # failure stops the start as a missing directory does (unless --exit-on-error=false:
         # the models of the others serve, and a later load or poll tries again)
@@ -235,7 +293,8 @@ class Server:
                 raise ServerError(f"--model-repository {repo}: no such directory")
         state = self.service.control_state
         recorded = state.read() if state is not None else None  # a bad file stops the start here
-        await self._start_frontends()
+        if frontends:
+            await self._start_frontends()
         # the recorded state first; --load-model then loads what it does not hold (a plain
         # load of a restored model changes nothing)
         failed = await state.restore(recorded) if state is not None and recorded else []
@@ -246,19 +305,24 @@ class Server:
         # not when this start is about to exit: the record of the last good start stays
         if not (failed and self.config.exit_on_error):
             await self.service.control_state_changed()
-        if self.config.allow_grpc and self.config.traffic_follows_readiness:
-            await self._start_grpc()  # gRPC listens only now (a proxy's connect failed so far)
+        if frontends and self.config.allow_grpc and self.config.traffic_follows_readiness:
+            # gRPC listens only now (a proxy's connect failed so far)
+            await self.start_grpc(self.config.grpc_address, self.config.grpc_port)
             self._announce()
         self.manager.startup_done = True
         if failed:
             log.error("failed to load model(s): %s", ", ".join(failed))
-            if self.config.exit_on_error:
-                log.error(
-                    "exiting: some models failed to load at start (--exit-on-error=true; "
-                    "pass --exit-on-error=false to keep serving the others)"
-                )
-                await self.shutdown()
-                return 1
+        return failed
+
+    async def serve(self) -> int:
+        failed = await self.start()
+        if failed and self.config.exit_on_error:
+            log.error(
+                "exiting: some models failed to load at start (--exit-on-error=true; "
+                "pass --exit-on-error=false to keep serving the others)"
+            )
+            await self.shutdown()
+            return 1
         await self._stop.wait()
         return await self.shutdown()
 

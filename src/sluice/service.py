@@ -173,6 +173,12 @@ class InferenceService:
     async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return (await self._serving(name, version)).config
 
+    async def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether ``name``/``version`` answers a request with 0..N responses
+        (``infer_stream``) rather than exactly one (``infer``); a model that is not serving
+        raises as ``infer`` would (Triton's "Request for unknown model" texts)."""
+        return (await self._serving(name, version)).decoupled
+
     def _admit(self, admitted: bool) -> None:
         """Refuse inference once the server is stopping (or, with
         --traffic-follows-readiness, not ready). ``admitted``: the front-end's transport

@@ -5,7 +5,10 @@ the web stack (tritonclient's generated protobuf schemas are data, not transport
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "sluice"
@@ -97,11 +100,16 @@ def _module(path: Path) -> str:
 def _graph() -> dict[str, set[str]]:
     """Module -> the modules of src/sluice it imports, ``if TYPE_CHECKING:`` imports included
     (a cycle through type hints is still a cycle in the design). ``from pkg import mod``
-    counts as importing ``pkg.mod``."""
+    counts as importing ``pkg.mod``. The root package's one import, inside its PEP 562
+    ``__getattr__`` (``sluice.Server`` served from ``sluice.api`` on first use), is no
+    dependency: nothing imports it at import time (``test_import_sluice_stays_cheap``)."""
     mods = {_module(p): p for p in SRC.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
         out: set[str] = set()
+        if name == "sluice":
+            graph[name] = out
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 out |= {a.name for a in node.names if a.name in mods}
@@ -158,6 +166,30 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(comp) > 1:
                     found.append(sorted(comp))
     return found
+
+
+def test_import_sluice_stays_cheap():
+    """The root package imports nothing of its own at module level: the in-process API
+    (``sluice.api``: the server, numpy, the front-ends' libraries) loads on first use of
+    ``sluice.Server``, not with ``import sluice`` (which every python-model worker does)."""
+    tree = ast.parse((SRC / "__init__.py").read_text())
+    top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert [(getattr(n, "module", None) or n.names[0].name) for n in top] == [
+        "__future__",
+        "typing",
+    ]
+    code = (
+        "import sys, sluice; before = 'sluice.api' in sys.modules or 'numpy' in sys.modules; "
+        "sluice.Server; print(before, 'sluice.api' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(SRC.parent)},
+    )
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_cycle_finder_sees_a_cycle():
@@ -236,6 +268,7 @@ FLOORS = [
     ["frontends"],
     ["server"],
     ["cli"],
+    ["api"],
     ["__main__"],
 ]
 

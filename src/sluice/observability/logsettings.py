@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import InvalidArgument, Unsupported
 
-__all__ = ["LogSettings", "setup_logging"]
+__all__ = ["LogSettings", "setup_logging", "server_handler"]
 
 _FORMATS = {"default", "ISO8601"}
 _LINE = "%(levelname).1s %(name)s] %(message)s"
@@ -91,17 +91,24 @@ def _formatter(fmt: str) -> logging.Formatter:
     return logging.Formatter("%(asctime)s " + _LINE)
 
 
-def setup_logging(settings: LogSettings) -> None:
-    """Root logging for ``sluice serve``: to ``log_file`` (appended) or stderr, filtered and
-    formatted by ``settings`` from then on."""
+def server_handler(settings: LogSettings) -> logging.Handler:
+    """The handler the server logs through: to ``log_file`` (appended) or stderr, filtered
+    by ``settings`` and in their format."""
     handler: logging.Handler = (
         logging.FileHandler(settings.log_file)
         if settings.log_file
         else logging.StreamHandler(sys.stderr)
     )
     handler.addFilter(settings.allows)
+    handler.setFormatter(_formatter(settings.log_format))
+    return handler
+
+
+def setup_logging(settings: LogSettings) -> None:
+    """Root logging for ``sluice serve``: ``server_handler`` alone on the root logger,
+    filtered and formatted by ``settings`` from then on."""
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+    root.addHandler(server_handler(settings))
     settings.apply()

@@ -1,7 +1,8 @@
 """The event-loop side of one worker process: start, call, restart on death, stop.
 
 Rules of this file:
-- Workers are started with the ``spawn`` context (never fork: the server runs gRPC threads).
+- Workers are spawned (never forked: the server runs gRPC threads), by ``envprocess``: a
+  worker never imports the server's ``__main__`` (a program embedding the server included).
 - Replies are read when the pipe is readable (``loop.add_reader``), never by polling and never
   with a thread per request; futures are matched to replies by message id.
 - Process death is seen through the process sentinel (and pipe EOF). Every in-flight future
@@ -30,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ...errors import ServerError, Status, WorkerLost
-from .envprocess import env_process
+from .envprocess import env_process, own_process
 from .messages import (
     AutoCompleteReply,
     BlsCall,
@@ -499,8 +500,9 @@ def _consume_exception(task: asyncio.Future[None]) -> None:
 
 
 def _process_class(exec_env: Any) -> Callable[..., Any]:
-    """The spawn context's Process, or one that runs under ``exec_env``'s interpreter."""
-    return _CTX.Process if exec_env is None else env_process(exec_env)
+    """A spawned Process under the server's interpreter, or under ``exec_env``'s; neither
+    imports the server's ``__main__`` (``envprocess.py``)."""
+    return own_process() if exec_env is None else env_process(exec_env)
 
 
 def run_auto_complete(setup: WorkerSetup, timeout: float = 120.0, exec_env: Any = None) -> str:

@@ -1,0 +1,41 @@
+"""Helpers for the in-process API's tests: the server runs inside the test process (no
+``sluice serve`` process), so what it leaves behind is looked for here: worker processes
+among this process's children, shared-memory segments named after this process."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import psutil
+
+
+def workers() -> set[int]:
+    """The python-model worker processes of this process alive now (started with
+    ``--multiprocessing-fork``; multiprocessing's resource tracker is not one)."""
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "--multiprocessing-fork" in p.cmdline():
+                found.add(p.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def segments() -> list[str]:
+    """Shared-memory segments of in-process servers of this process (``sl<pid>_...``)."""
+    return sorted(glob.glob(f"/dev/shm/sl{os.getpid()}_*"))
+
+
+def leftovers(pids: set[int], timeout: float = 5.0) -> tuple[set[int], list[str]]:
+    """Of ``pids``, the workers still alive, and this process's segments still there, once
+    they are gone or ``timeout`` has passed (a worker told to stop takes a moment to exit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = pids & workers()
+        left = segments()
+        if (not alive and not left) or time.monotonic() > deadline:
+            return alive, left
+        time.sleep(0.02)
