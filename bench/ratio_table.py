@@ -148,7 +148,8 @@ def paired_table(result: Result, round_goal: float = 1.0, median_goal: float = 1
         short += bool(sm["flags"])
         lines.append(
             f"{cell['model']:<16}{cell['proto']:<6}{cell['c']:>4} | {sl['infer_per_sec']:>12.0f} "
-            f"{sl['p99_us'] / 1e3:>7.2f} | {tr['infer_per_sec']:>12.0f} {tr['p99_us'] / 1e3:>7.2f} | "
+            f"{sl['p99_us'] / 1e3:>7.2f} | {tr['infer_per_sec']:>12.0f} "
+            f"{tr['p99_us'] / 1e3:>7.2f} | "
             f"{_fmt(sm['median']):>6} | {' '.join(_fmt(r) for r in sm['ratios']):<16}| "
             f"{', '.join(sm['flags'])}"
         )

@@ -1,6 +1,7 @@
 """Servers under benchmark: free loopback ports, a server process in its own session that is
-stopped by its PID, the ``sluice serve`` command line the bench scripts share, what a server
-says it served, and one load-generator run read from its CSV.
+stopped by its PID, the ``sluice serve`` and real Triton command lines the bench scripts
+share, what a server says it served and the CPU its process tree used, and one
+load-generator run read from its CSV.
 
 Imported by the scripts in this folder (``python bench/<script>.py`` puts it on ``sys.path``).
 """
@@ -18,6 +19,8 @@ import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import psutil
 
 
 def free_port() -> int:
@@ -118,6 +121,23 @@ def served(srv: Server, model: str) -> int:
     url = f"http://127.0.0.1:{srv.http}/v2/models/{model}/stats"
     with urllib.request.urlopen(url, timeout=10) as r:
         return int(json.loads(r.read())["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its children (python workers)."""
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children()]
+    except psutil.Error:
+        return total
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def csv_run(

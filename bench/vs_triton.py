@@ -1,7 +1,7 @@
 """sluice vs real Triton 2.51 over the whole matrix, side by side, with the real perf_analyzer.
 
-    .venv/bin/python bench/vs_triton.py                     # 5 models x grpc, http x c=1, 8, 32; 3 rounds
-    .venv/bin/python bench/vs_triton.py --quick             # 1 round, shorter windows (~2.5 min)
+    .venv/bin/python bench/vs_triton.py           # 5 models x grpc, http x c=1, 8, 32; 3 rounds
+    .venv/bin/python bench/vs_triton.py --quick   # 1 round, shorter windows (~2.5 min)
     .venv/bin/python bench/vs_triton.py --models add_sub --protocols grpc --concurrency 1 8
     .venv/bin/python bench/vs_triton.py --json out.json     # also keep every figure
 
@@ -39,7 +39,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from ratio_table import paired_table  # noqa: E402
-from servers import PEERS_DIR, PERF_ANALYZER, Server, csv_run, start_sluice, start_triton  # noqa: E402
+from servers import (  # noqa: E402
+    PEERS_DIR,
+    PERF_ANALYZER,
+    Server,
+    csv_run,
+    start_sluice,
+    start_triton,
+)
 
 ROOT = HERE.parent
 PEERS = Path(os.environ.get("BENCH_PEERS", ROOT.parent / "shared" / "bench-peers"))
@@ -55,6 +62,8 @@ MODELS = {
 PROTOCOLS = ("grpc", "http")
 CONCURRENCY = (1, 8, 32)
 # what both servers get, as bench-peers' run.sh (SERVER_THREADS=1): numpy on one thread
+FULL = {"rounds": 3, "interval": 800}
+QUICK = {"rounds": 1, "interval": 500}
 SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 Sample = dict[str, float]  # infer_per_sec, p50_us, p99_us
@@ -235,11 +244,11 @@ def main() -> int:
         type=int,
         default=[int(c) for c in env("CONCURRENCY", "1 8 32").split()],
     )
-    p.add_argument("--rounds", type=int, default=int(env("ROUNDS", "3")))
+    p.add_argument("--rounds", type=int, default=int(env("ROUNDS", str(FULL["rounds"]))))
     p.add_argument(
         "--interval",
         type=int,
-        default=int(env("MEASUREMENT_MS", "800")),
+        default=int(env("MEASUREMENT_MS", str(FULL["interval"]))),
         help="perf_analyzer -p (ms)",
     )
     p.add_argument("--quick", action="store_true", help="1 round of 500 ms windows")
@@ -251,7 +260,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write every figure there")
     args = p.parse_args()
     if args.quick:
-        args.rounds, args.interval = 1, 500
+        args.rounds, args.interval = QUICK["rounds"], QUICK["interval"]
     result = run_matrix(
         args.models,
         args.protocols,
