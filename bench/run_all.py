@@ -151,6 +151,8 @@ def write_results(res: dict[str, Any], stamp: str) -> Path:
         f"{_load(res['machine']['load_after'])} after. Took {res['seconds'] / 60:.1f} minutes. "
         f"Command: `.venv/bin/python bench/run_all.py{' --quick' if res['quick'] else ''}`.",
     ]
+    if res.get("skipped"):
+        lines += ["", f"Skipped (`--skip`): {', '.join(res['skipped'])}."]
     if res.get("note"):
         lines += ["", res["note"]]
     if "matrix" in res:
@@ -179,9 +181,13 @@ def _load(load: list[float]) -> str:
 
 
 # ------------------------------------------------------------------------ previous runs
-def runs(quick: bool) -> list[Path]:
-    """Saved results of one mode, oldest first (the names sort by date)."""
-    return [p for p in sorted(RESULTS.glob("2*.json")) if p.stem.endswith("-quick") == quick]
+def runs(quick: bool, has: str = "") -> list[Path]:
+    """Saved results of one mode, oldest first (the names sort by date); with ``has``, only
+    those that measured that part (a run with ``--skip`` leaves parts out)."""
+    found = [p for p in sorted(RESULTS.glob("2*.json")) if p.stem.endswith("-quick") == quick]
+    if has:
+        found = [p for p in found if has in json.loads(p.read_text())]
+    return found
 
 
 def page_block(res: dict[str, Any], stamp: str) -> str:
@@ -203,9 +209,9 @@ def page_block(res: dict[str, Any], stamp: str) -> str:
 
 
 def update_page(page: Path = PAGE) -> str | None:
-    """Rewrite the page's block from the latest full results file; returns its stamp (None
-    when there is no full run yet, or the page has no markers)."""
-    full = runs(quick=False)
+    """Rewrite the page's block from the latest full run that skipped nothing; returns its
+    stamp (None when there is none yet). A page without the markers is an error."""
+    full = [p for p in runs(quick=False) if not json.loads(p.read_text()).get("skipped")]
     if not full:
         return None
     latest = full[-1]
@@ -241,6 +247,7 @@ def main() -> int:
         "commit": commit(),
         "machine": vs_triton.machine(),
         "note": args.note,
+        "skipped": args.skip,
     }
     t0 = time.monotonic()
     if "matrix" not in args.skip:
@@ -248,14 +255,13 @@ def main() -> int:
         opts = vs_triton.QUICK if args.quick else vs_triton.FULL
         res["matrix"] = vs_triton.run_matrix(say=say, **opts)
         say("\n" + ratio_table.paired_table(res["matrix"]))
-        earlier = runs(args.quick)
+        earlier = runs(args.quick, has="matrix")
         if earlier:
             old = json.loads(earlier[-1].read_text())
-            if "matrix" in old:
-                res["previous"] = {
-                    "stamp": earlier[-1].stem,
-                    "compare": ratio_table.compare(res["matrix"], old["matrix"]),
-                }
+            res["previous"] = {
+                "stamp": earlier[-1].stem,
+                "compare": ratio_table.compare(res["matrix"], old["matrix"]),
+            }
     if "resnet" not in args.skip:
         say("ResNet-50 ONNX")
         opts = resnet50_onnx.QUICK if args.quick else resnet50_onnx.FULL

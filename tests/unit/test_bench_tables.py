@@ -81,9 +81,10 @@ def test_compare_sets_the_medians_side_by_side() -> None:
     assert ratio_table.compare(new, old).splitlines()[1].endswith("1.00 ->   1.50")
 
 
-def saved(path: Path, started: str, per_sec: float) -> None:
+def saved(path: Path, started: str, per_sec: float, skipped: tuple[str, ...] = ()) -> None:
     res = {
         "started": started,
+        "skipped": list(skipped),
         "commit": "abc1234",
         "machine": {"cpus": 2, "cpu": "x", "load": [1.0, 1.0, 1.0], "load_after": [1, 1, 1]},
         "matrix": matrix([cell("add_sub", "grpc", 1, [(per_sec, 1000)] * 3)]),
@@ -97,6 +98,7 @@ def test_page_block_comes_from_the_latest_full_run(tmp_path: Path, monkeypatch) 
     saved(results / "2026-12-01-1000.json", "2026-12-01T10:00:00+00:00", 1100)
     saved(results / "2026-12-02-0900.json", "2026-12-02T09:00:00+00:00", 1400)
     saved(results / "2026-12-02-1000-quick.json", "2026-12-02T10:00:00+00:00", 500)
+    saved(results / "2026-12-02-1100.json", "2026-12-02T11:00:00+00:00", 700, ("resnet",))
     monkeypatch.setattr(run_all, "RESULTS", results)
     page = tmp_path / "performance.md"
     page.write_text(f"# P\n\nbefore\n\n{run_all.BEGIN}\nold figures\n{run_all.END}\n\nafter\n")
@@ -106,8 +108,8 @@ def test_page_block_comes_from_the_latest_full_run(tmp_path: Path, monkeypatch) 
     assert text.endswith(run_all.END + "\n\nafter\n")
     assert "old figures" not in text and "1.40 (1.40 1.40 1.40)" in text
     assert "bench/results/2026-12-02-0900.md" in text
-    # the quick run is the newest file, yet the page keeps the full run's figures
-    assert "0.50" not in text
+    # newer quick and partial runs exist, yet the page keeps the complete full run's figures
+    assert "0.50" not in text and "0.70" not in text
     assert [p.stem for p in run_all.runs(quick=True)] == ["2026-12-02-1000-quick"]
 
 
