@@ -18,7 +18,8 @@ Runs, in this order, each in the same invocation:
 
 It writes ``bench/results/<UTC date>-<HHMM>[-quick].md`` (what a reader compares) and ``.json``
 (every figure: ``bench/ratio_table.py --json`` prints its matrix again), with the commit
-measured and each cell's median beside the previous run's of the same mode. A full run then
+measured and each cell's median beside the previous run's of the same mode; a part that
+fails is said there and the run goes on (exit status 1). A complete full run then
 rewrites the performance page's current figures (``docs/performance.md``, between the
 ``run_all`` markers) from the latest full results file only; a quick run leaves the page
 alone (its windows are too short to be the page's figures).
@@ -153,6 +154,8 @@ def write_results(res: dict[str, Any], stamp: str) -> Path:
     ]
     if res.get("skipped"):
         lines += ["", f"Skipped (`--skip`): {', '.join(res['skipped'])}."]
+    for part, why in res.get("failed", {}).items():
+        lines += ["", f"**{part} failed**: {why}"]
     if res.get("note"):
         lines += ["", res["note"]]
     if "matrix" in res:
@@ -190,6 +193,10 @@ def runs(quick: bool, has: str = "") -> list[Path]:
     return found
 
 
+def _complete(res: dict[str, Any]) -> bool:
+    return not res.get("skipped") and not res.get("failed")
+
+
 def page_block(res: dict[str, Any], stamp: str) -> str:
     """The performance page's current figures, from one full results file."""
     parts = [
@@ -209,9 +216,9 @@ def page_block(res: dict[str, Any], stamp: str) -> str:
 
 
 def update_page(page: Path = PAGE) -> str | None:
-    """Rewrite the page's block from the latest full run that skipped nothing; returns its
-    stamp (None when there is none yet). A page without the markers is an error."""
-    full = [p for p in runs(quick=False) if not json.loads(p.read_text()).get("skipped")]
+    """Rewrite the page's block from the latest full run that skipped and failed nothing; its
+    stamp is returned (None when there is none yet). A page without the markers is an error."""
+    full = [p for p in runs(quick=False) if _complete(json.loads(p.read_text()))]
     if not full:
         return None
     latest = full[-1]
@@ -253,20 +260,20 @@ def main() -> int:
     if "matrix" not in args.skip:
         say("matrix: sluice vs Triton, python models")
         opts = vs_triton.QUICK if args.quick else vs_triton.FULL
-        res["matrix"] = vs_triton.run_matrix(say=say, **opts)
-        say("\n" + ratio_table.paired_table(res["matrix"]))
-        earlier = runs(args.quick, has="matrix")
-        if earlier:
-            old = json.loads(earlier[-1].read_text())
-            res["previous"] = {
-                "stamp": earlier[-1].stem,
-                "compare": ratio_table.compare(res["matrix"], old["matrix"]),
-            }
+        if attempt(res, "matrix", lambda: vs_triton.run_matrix(say=say, **opts)):
+            say("\n" + ratio_table.paired_table(res["matrix"]))
+            earlier = runs(args.quick, has="matrix")
+            if earlier:
+                old = json.loads(earlier[-1].read_text())
+                res["previous"] = {
+                    "stamp": earlier[-1].stem,
+                    "compare": ratio_table.compare(res["matrix"], old["matrix"]),
+                }
     if "resnet" not in args.skip:
         say("ResNet-50 ONNX")
-        opts = resnet50_onnx.QUICK if args.quick else resnet50_onnx.FULL
-        res["resnet"] = resnet50_onnx.run(**opts, say=say)
-        say("\n" + resnet50_onnx.report(res["resnet"]))
+        ropts = resnet50_onnx.QUICK if args.quick else resnet50_onnx.FULL
+        if attempt(res, "resnet", lambda: resnet50_onnx.run(**ropts, say=say)):
+            say("\n" + resnet50_onnx.report(res["resnet"]))
     if "memory" not in args.skip and MEMORY.exists():
         say("python models: memory and start-up (bench/python_memory.py)")
         res["memory"] = run_memory(args.quick)
@@ -277,7 +284,18 @@ def main() -> int:
     say(f"wrote {path.relative_to(ROOT)} and its .json ({res['seconds'] / 60:.1f} minutes)")
     if not args.quick:
         say(f"{PAGE.relative_to(ROOT)}: figures from {update_page()}")
-    return 0
+    return 1 if res.get("failed") else 0
+
+
+def attempt(res: dict[str, Any], part: str, measure: Any) -> bool:
+    """``res[part] = measure()``; a part that fails is recorded and the run goes on."""
+    try:
+        res[part] = measure()
+        return True
+    except (Exception, SystemExit) as exc:
+        res.setdefault("failed", {})[part] = f"{type(exc).__name__}: {exc}"
+        say(f"{part} failed: {exc}")
+        return False
 
 
 if __name__ == "__main__":
