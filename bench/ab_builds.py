@@ -22,32 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psutil
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from servers import Server, csv_run, served, start_sluice  # noqa: E402
+from servers import Server, csv_run, served, start_sluice, tree_cpu  # noqa: E402
 
 ROOT = HERE.parent
 PEERS = Path(os.environ.get("BENCH_PEERS", ROOT.parent / "shared" / "bench-peers"))
 PEERS_DIR = Path(os.environ.get("PEERS_DIR", "/tmp/peers"))
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its children (python workers)."""
-    total = 0.0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children()]
-    except psutil.Error:
-        return total
-    for proc in procs:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
 
 
 def measure(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from servers import Server, csv_run, free_port, start_sluice  # noqa: E402
+from servers import Server, csv_run, start_sluice, start_triton  # noqa: E402
 
 ROOT = HERE.parent
 PEERS = Path(os.environ.get("BENCH_PEERS", ROOT.parent / "shared" / "bench-peers"))
@@ -97,18 +97,6 @@ def write_repo(root: Path) -> Path:
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
     (root / "repeat100.json").write_text('{"data": [{"IN": [100]}]}')
     return repo
-
-
-def start_triton(repo: Path, log: Path) -> Server:
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    cmd = [
-        str(PEERS_DIR / "bin" / "tritonserver"),
-        f"--model-repository={repo}",
-        f"--http-port={http}",
-        f"--grpc-port={grpc}",
-        f"--metrics-port={metrics}",
-    ]
-    return Server("triton", cmd, http, grpc, log)
 
 
 def measure(

@@ -6,8 +6,8 @@ Serves the models of repository ``R`` (config.pbtxt only; add_sub, identity_larg
 real ``GrpcHandlers`` for metadata/config/statistics, but ``ModelInfer`` returns a response
 built once per model (zero outputs of the configured shapes, batch 1): what is measured is
 the edge alone, no scheduling, no model. A minimal HTTP responder answers 200 to the
-readiness probes the bench-peers harness sends. Used through ``bench/vs_triton.sh``'s
-harness::
+readiness probes the bench-peers harness sends. Used through bench-peers'
+harness (`run.sh`)::
 
     ../shared/bench-peers/run.sh --custom-name echo_native \\
       --custom-cmd '.venv/bin/python bench/grpc_edge_echo.py --edge native --repo {repo} \\

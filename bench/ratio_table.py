@@ -1,25 +1,31 @@
-"""Print sluice vs Triton side by side from the bench-peers result folders, with the ratio the
-issues use (sluice / Triton throughput; sluice / Triton p99).
+"""sluice vs Triton tables, with the ratio the issues use (sluice / Triton throughput).
 
+    .venv/bin/python bench/ratio_table.py --json bench/results/DATE.json [--markdown]
     .venv/bin/python bench/ratio_table.py [--results /tmp/peers/results] [--rounds N]
 
-With ``--rounds N`` (``ROUNDS=N bench/vs_triton.sh``) it reads the N rounds' folders
-(suffixed ``_r1`` ... ``_rN``) and prints, per cell, the median throughputs and p99s, the
-median of the per-round ratios, and every round's ratio.
+The first form reads what ``bench/vs_triton.py --json`` (or ``bench/run_all.py``) saved: per
+cell the time-adjacent pairs of every round. ``paired_table`` prints each cell's median
+throughputs and p99s, every round's ratio, the median of the paired ratios and flags
+(a round below the round goal, a median below the median goal); ``markdown_table`` is the
+performance page's table; ``compare`` sets a run's medians beside an earlier run's.
 
-bench/vs_triton.sh calls it at the end; bench/batching_vs_triton.py uses ``load`` too.
+The second form reads bench-peers' ``run.sh`` result folders (``--rounds N``: the folders
+suffixed ``_r1`` ... ``_rN``, each round a whole sweep on fresh servers).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 Rows = dict[tuple[str, str, int], dict[str, str]]
+Result = dict[str, Any]  # bench/vs_triton.py's run_matrix()
 
 
 def load(results: Path, name: str) -> Rows:
@@ -87,13 +93,123 @@ def rounds_table(rounds: list[tuple[Rows, Rows]]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------- paired runs (vs_triton.py)
+def ratios(cell: dict[str, Any]) -> list[float | None]:
+    """Each round's sluice/Triton throughput ratio (None where either side failed)."""
+    out: list[float | None] = []
+    for r in cell["rounds"]:
+        s, t = r.get("sluice"), r.get("triton")
+        ok = s and t and s["infer_per_sec"] > 0 and t["infer_per_sec"] > 0
+        out.append(s["infer_per_sec"] / t["infer_per_sec"] if ok else None)
+    return out
+
+
+def summary(
+    cell: dict[str, Any], round_goal: float = 1.0, median_goal: float = 1.2
+) -> dict[str, Any]:
+    """A cell's median ratio, its rounds' ratios, median figures of each server, and flags."""
+    each = ratios(cell)
+    ok = [r for r in each if r is not None]
+    side = {}
+    for name in ("sluice", "triton"):
+        runs = [r[name] for r in cell["rounds"] if r.get(name)]
+        side[name] = {
+            k: statistics.median(x[k] for x in runs) if runs else 0.0
+            for k in ("infer_per_sec", "p99_us")
+        }
+    flags = []
+    if any(r < round_goal for r in ok):
+        flags.append(f"round<{round_goal:g}")
+    if ok and statistics.median(ok) < median_goal:
+        flags.append(f"median<{median_goal:g}")
+    if len(ok) < len(each):
+        flags.append(f"{len(each) - len(ok)} of {len(each)} rounds failed")
+    return {
+        "median": statistics.median(ok) if ok else None,
+        "ratios": each,
+        "flags": flags,
+        **side,
+    }
+
+
+def _fmt(r: float | None) -> str:
+    return "fail" if r is None else f"{r:.2f}"
+
+
+def paired_table(result: Result, round_goal: float = 1.0, median_goal: float = 1.2) -> str:
+    lines = [
+        f"{'model':<16}{'proto':<6}{'conc':>4} | {'sluice inf/s':>12} {'p99 ms':>7} | "
+        f"{'triton inf/s':>12} {'p99 ms':>7} | {'median':>6} | {'rounds':<16}| flags"
+    ]
+    short = 0
+    for cell in result["cells"]:
+        sm = summary(cell, round_goal, median_goal)
+        sl, tr = sm["sluice"], sm["triton"]
+        short += bool(sm["flags"])
+        lines.append(
+            f"{cell['model']:<16}{cell['proto']:<6}{cell['c']:>4} | {sl['infer_per_sec']:>12.0f} "
+            f"{sl['p99_us'] / 1e3:>7.2f} | {tr['infer_per_sec']:>12.0f} "
+            f"{tr['p99_us'] / 1e3:>7.2f} | "
+            f"{_fmt(sm['median']):>6} | {' '.join(_fmt(r) for r in sm['ratios']):<16}| "
+            f"{', '.join(sm['flags'])}"
+        )
+    lines.append(
+        f"{short} of {len(result['cells'])} cells flagged (goal: every round >= {round_goal:g}, "
+        f"median >= {median_goal:g})"
+    )
+    return "\n".join(lines)
+
+
+def markdown_table(result: Result, round_goal: float = 1.0, median_goal: float = 1.2) -> str:
+    """One row per (model, protocol), one column per concurrency: the median of the paired
+    ratios, then each round's; a cell short of a goal says which."""
+    levels = result["settings"]["concurrency"]
+    rows: dict[tuple[str, str], dict[int, str]] = {}
+    for cell in result["cells"]:
+        sm = summary(cell, round_goal, median_goal)
+        text = _fmt(sm["median"])
+        if len(sm["ratios"]) > 1:
+            text += " (" + " ".join(_fmt(r) for r in sm["ratios"]) + ")"
+        if sm["flags"]:
+            text += " **" + ", ".join(sm["flags"]) + "**"
+        rows.setdefault((cell["model"], cell["proto"]), {})[cell["c"]] = text
+    proto_name = {"grpc": "gRPC", "http": "HTTP (binary)"}
+    head = "| sluice/Triton throughput | " + " | ".join(f"c={c}" for c in levels) + " |"
+    out = [head, "|---" * (len(levels) + 1) + "|"]
+    for (model, proto), cols in rows.items():
+        label = f"{result['labels'].get(model, model)}, {proto_name.get(proto, proto)}"
+        out.append(f"| {label} | " + " | ".join(cols.get(c, "") for c in levels) + " |")
+    return "\n".join(out)
+
+
+def compare(new: Result, old: Result) -> str:
+    """Each cell's median ratio now and in an earlier run (cells both measured)."""
+    before = {(c["model"], c["proto"], c["c"]): summary(c)["median"] for c in old["cells"]}
+    lines = [f"{'model':<16}{'proto':<6}{'conc':>4} | {'before':>6} -> {'now':>6}"]
+    for cell in new["cells"]:
+        key = (cell["model"], cell["proto"], cell["c"])
+        if key in before:
+            now = summary(cell)["median"]
+            lines.append(
+                f"{key[0]:<16}{key[1]:<6}{key[2]:>4} | {_fmt(before[key]):>6} -> {_fmt(now):>6}"
+            )
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     default = Path(os.environ.get("PEERS_DIR", "/tmp/peers")) / "results"
     p.add_argument("--results", type=Path, default=Path(os.environ.get("RESULTS_DIR", default)))
     p.add_argument("--suffix", default="", help="RESULT_SUFFIX the run used")
     p.add_argument("--rounds", type=int, default=1, help="ROUNDS the run used")
+    p.add_argument("--json", type=Path, help="a run saved by bench/vs_triton.py --json")
+    p.add_argument("--markdown", action="store_true", help="with --json: the page's table")
     args = p.parse_args()
+    if args.json:
+        result = json.loads(args.json.read_text())
+        result = result.get("matrix", result)  # run_all's file holds the matrix under "matrix"
+        print(markdown_table(result) if args.markdown else paired_table(result))
+        return 0
     sfx = args.suffix
     if args.rounds > 1:
         rounds = [

@@ -1,6 +1,7 @@
 """Servers under benchmark: free loopback ports, a server process in its own session that is
-stopped by its PID, the ``sluice serve`` command line the bench scripts share, what a server
-says it served, and one load-generator run read from its CSV.
+stopped by its PID, the ``sluice serve`` and real Triton command lines the bench scripts
+share, what a server says it served and the CPU its process tree used, and one
+load-generator run read from its CSV.
 
 Imported by the scripts in this folder (``python bench/<script>.py`` puts it on ``sys.path``).
 """
@@ -16,8 +17,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import psutil
 
 
 def free_port() -> int:
@@ -27,7 +30,8 @@ def free_port() -> int:
 
 
 class Server:
-    """One server process (its own session, output to ``log``), with its HTTP and gRPC ports."""
+    """One server process (its own session, output to ``log``), with its HTTP and gRPC ports;
+    ``env`` is added to this process's environment."""
 
     def __init__(
         self,
@@ -37,11 +41,17 @@ class Server:
         grpc: int,
         log: Path,
         cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name, self.http, self.grpc = name, http, grpc
         self.log = log.open("wb")
         self.proc = subprocess.Popen(
-            list(cmd), stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+            list(cmd),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
 
     def wait_ready(self, path: str = "/v2/health/ready", timeout: float = 180) -> None:
@@ -77,10 +87,16 @@ class Server:
 
 
 def start_sluice(
-    repo: Path, log: Path, *extra: str, prefix: Sequence[str] = (), cwd: Path | None = None
+    repo: Path,
+    log: Path,
+    *extra: str,
+    prefix: Sequence[str] = (),
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Server:
     """``sluice serve`` on ``repo``, all three endpoints on free loopback ports; ``prefix`` goes
-    before the command (``taskset -c 0``), ``extra`` after it (``--load-model=...``)."""
+    before the command (``taskset -c 0``), ``extra`` after it (``--load-model=...``), ``env``
+    into its environment."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     cmd = [
         *prefix,
@@ -97,7 +113,7 @@ def start_sluice(
         "--metrics-address=127.0.0.1",
         *extra,
     ]
-    return Server("sluice", cmd, http, grpc, log, cwd)
+    return Server("sluice", cmd, http, grpc, log, cwd, env)
 
 
 def served(srv: Server, model: str) -> int:
@@ -105,6 +121,23 @@ def served(srv: Server, model: str) -> int:
     url = f"http://127.0.0.1:{srv.http}/v2/models/{model}/stats"
     with urllib.request.urlopen(url, timeout=10) as r:
         return int(json.loads(r.read())["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its children (python workers)."""
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children()]
+    except psutil.Error:
+        return total
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def csv_run(
@@ -124,3 +157,28 @@ def csv_run(
         return None
     with out.open() as f:
         return next(csv.DictReader(f), None)
+
+
+PEERS_DIR = Path(os.environ.get("PEERS_DIR", "/tmp/peers"))
+PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER", PEERS_DIR / "bin" / "perf_analyzer"))
+
+
+def start_triton(repo: Path, log: Path, env: Mapping[str, str] | None = None) -> Server:
+    """Real Triton 2.51 (bench-peers' ``setup.sh`` installs it in ``$PEERS_DIR``) on ``repo``,
+    all three endpoints on free loopback ports, CPU only, as bench-peers' ``run.sh`` starts it."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    cmd = [
+        str(PEERS_DIR / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--allow-gpu-metrics=false",
+        "--pinned-memory-pool-byte-size=0",
+        "--cuda-memory-pool-byte-size=0:0",
+        "--exit-timeout-secs=10",
+    ]
+    return Server("triton", cmd, http, grpc, log, env=env)
