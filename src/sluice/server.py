@@ -146,7 +146,12 @@ class Server:
             log.debug("malloc not tuned (not glibc)")
         if cfg.allow_http:
             self._http, task, self.http_port = await start_http_server(
-                HttpFrontend(self.service, self.policy, max_input_size=cfg.http_max_input_size),
+                HttpFrontend(
+                    self.service,
+                    self.policy,
+                    max_input_size=cfg.http_max_input_size,
+                    openai=self._openai_edge(),
+                ),
                 cfg.http_address,
                 cfg.http_port,
                 timeout_graceful_shutdown=2,
@@ -175,6 +180,23 @@ class Server:
             self._tasks.append(task)
         if not (cfg.allow_grpc and cfg.traffic_follows_readiness):
             self._announce()
+
+    def _openai_edge(self) -> Any:
+        """The OpenAI-compatible API (None with --openai=false); ServerError when
+        --tokenizer or --chat-template cannot be used."""
+        cfg = self.config
+        if not cfg.openai:
+            return None
+        from .frontends.openai_api import OpenAIEdge
+        from .frontends.openai_chat import ChatFormat
+
+        chat = ChatFormat.load(cfg.tokenizer, cfg.chat_template)
+        log.info(
+            "OpenAI-compatible API on /v1: chat template from %s, token counts from %s",
+            chat.source,
+            f"--tokenizer {cfg.tokenizer}" if chat.tokenizer is not None else "whitespace words",
+        )
+        return OpenAIEdge(self.service, chat, cfg.default_max_tokens)
 
     def _repository_collector(self) -> Any:
         """The object-storage repositories' counters for the metrics port (None without)."""

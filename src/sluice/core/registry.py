@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -127,6 +128,8 @@ class ServingVersion:
     # unique per load of this version (the manager counts): the response cache keys on it,
     # so files changed under the same version number never answer from the old load's entries
     generation: int = 0
+    # when it was built (wall clock, seconds): the OpenAI model list's "created"
+    loaded_at: float = field(default_factory=time.time)
 
     @property
     def config(self) -> mc.ModelConfig:
