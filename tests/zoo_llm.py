@@ -38,10 +38,7 @@ def parrot_words(
 ) -> tuple[list[str], str]:
     """The words the parrots answer for ``prompt``, and the finish reason."""
     words = prompt.split()
-    if isinstance(stop, str):
-        stops = {stop}
-    else:
-        stops = set(stop or ())
+    stops = {stop} if isinstance(stop, str) else set(stop or ())  # type: ignore[call-overload]
     out: list[str] = []
     start = int(seed or 0) % len(words) if words else 0
     for i in range(max_tokens):
