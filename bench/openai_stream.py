@@ -13,8 +13,12 @@ generations (``--tokens`` words from the same prompt) are asked for through
 kept alive) that read the server-sent events as they arrive, so both endpoints pay the same
 client cost. Reported per endpoint and concurrency, medians over the rounds:
 - TTFT: from sending the request to the first event carrying a word (ms, p50 and p90);
-- tokens/s per stream: words after the first / time from the first word to the last;
+- inter-token ms: time from the first word to the last / words after the first (p50 of the
+  streams; at c > 1 the client's reads bunch events together, so read it at c=1);
+- tokens/s per stream: words / time from sending to the last word (p50 of the streams);
 - tokens/s in all: every word of the round / the round's wall time.
+The model has one instance and generates one request's words before the next request's, so
+at c > 1 a request's TTFT includes the streams queued before it, on both endpoints alike.
 Bounded: each (endpoint, c, round) ends after its requests or 60 s, whichever comes first.
 """
 
@@ -129,6 +133,7 @@ class _Conn:
 
 async def _round(port: int, kind: str, path: str, body: bytes, c: int, n: int) -> dict[str, float]:
     ttft: list[float] = []
+    gaps: list[float] = []
     rates: list[float] = []
     words = 0
     deadline = time.perf_counter() + ROUND_LIMIT_S
@@ -143,7 +148,8 @@ async def _round(port: int, kind: str, path: str, body: bytes, c: int, n: int) -
                 sent, stamps = await conn.stream(kind, path, body)
                 ttft.append(stamps[0] - sent)
                 if len(stamps) > 1:
-                    rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+                    gaps.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+                rates.append(len(stamps) / (stamps[-1] - sent))
                 words += len(stamps)
         finally:
             conn.close()
@@ -155,6 +161,7 @@ async def _round(port: int, kind: str, path: str, body: bytes, c: int, n: int) -
     return {
         "ttft_p50_ms": statistics.median(ttft) * 1e3,
         "ttft_p90_ms": q[8] * 1e3,
+        "itl_ms": statistics.median(gaps) * 1e3,
         "stream_tok_s": statistics.median(rates),
         "total_tok_s": words / wall,
         "requests": len(ttft),
@@ -192,8 +199,11 @@ def main() -> int:
         f"parrot, {args.tokens} words per stream, model pause {args.delay_ms:g} ms/word, "
         f"{args.requests} requests per client, {args.rounds} rounds (medians)"
     )
-    print("| endpoint | c | TTFT p50 ms | TTFT p90 ms | tokens/s per stream | tokens/s in all |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| endpoint | c | TTFT p50 ms | TTFT p90 ms | inter-token ms | tokens/s per stream "
+        "| tokens/s in all |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for (kind, c), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
 
         def med(key: str, runs: list[dict[str, float]] = runs) -> float:
@@ -201,7 +211,7 @@ def main() -> int:
 
         print(
             f"| {kind} | {c} | {med('ttft_p50_ms'):.2f} | {med('ttft_p90_ms'):.2f} | "
-            f"{med('stream_tok_s'):.0f} | {med('total_tok_s'):.0f} |"
+            f"{med('itl_ms'):.3f} | {med('stream_tok_s'):.0f} | {med('total_tok_s'):.0f} |"
         )
     return 0
 

@@ -98,6 +98,11 @@ def _body(doc: dict[str, Any]) -> bytes:
             "logit_bias",
             "'logit_bias': logit bias is not supported",
         ),
+        (
+            {"model": "m", "prompt": ["x"] * 3, "n": 50},
+            "n",
+            "'n' (50) times the number of prompts (3) must be at most 128",
+        ),
     ],
 )
 def test_completion_mistakes_name_their_field(

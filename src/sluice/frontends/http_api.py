@@ -453,6 +453,8 @@ class HttpFrontend:
         async def pump() -> None:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for event in events:
+                    if scope.get(DISCONNECTED):  # it left before the hook was set: stop
+                        break
                     await send({"type": "http.response.body", "body": event, "more_body": True})
 
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import Internal, NotFound, ServerError
 from ..protocol import openai_codec as codec
@@ -61,7 +61,6 @@ from .openai_chat import ChatFormat
 
 __all__ = ["OpenAIEdge", "Reply"]
 
-_T = TypeVar("_T")
 # awaits an answer unless the client leaves first (HttpFrontend's _unless_gone for the call)
 Guard = Callable[[Awaitable[Any]], Awaitable[Any]]
 Item = tuple[int, InferResponse]

@@ -43,6 +43,8 @@ __all__ = [
 ]
 
 _INT64 = (-(2**63), 2**63 - 1)
+MAX_CHOICES = 128  # n times the prompts of one call: the model requests it starts at once
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's bound
 # accepted, and change nothing here
 _IGNORED = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
 _REFUSED = {
@@ -267,6 +269,12 @@ def parse_completion(body: bytes) -> CompletionRequest:
         raise FieldError("best_of", f"'best_of' must be 1 (one choice per prompt), got {best_of}")
     sampling = _sampling(f, temperature=1.0)
     f.done()
+    if sampling.n * len(prompts) > MAX_CHOICES:
+        raise FieldError(
+            "n",
+            f"'n' ({sampling.n}) times the number of prompts ({len(prompts)}) must be at most "
+            f"{MAX_CHOICES}",
+        )
     assert model is not None
     return CompletionRequest(model, prompts, echo, sampling)
 
@@ -369,6 +377,10 @@ def parse_embedding(body: bytes) -> EmbeddingRequest:
         )
     if any(x == "" for x in inputs):
         raise FieldError("input", "'input' must not hold an empty string")
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise FieldError(
+            "input", f"'input' holds {len(inputs)} inputs: at most {MAX_EMBEDDING_INPUTS}"
+        )
     dimensions = f.integer("dimensions", 1)
     fmt = f.string("encoding_format") or "float"
     if fmt not in ("float", "base64"):
