@@ -16,7 +16,10 @@ client cost. Reported per endpoint and concurrency, medians over the rounds:
 - inter-token ms: time from the first word to the last / words after the first (p50 of the
   streams; at c > 1 the client's reads bunch events together, so read it at c=1);
 - tokens/s per stream: words / time from sending to the last word (p50 of the streams);
-- tokens/s in all: every word of the round / the round's wall time.
+- tokens/s in all: every word of the round / the round's wall time;
+- server CPU per token: the server process's user+system CPU over the round / its words
+  (psutil), and its python worker's: what each endpoint costs the server, which the
+  wall-clock figures on a busy machine only estimate.
 The model has one instance and generates one request's words before the next request's, so
 at c > 1 a request's TTFT includes the streams queued before it, on both endpoints alike.
 Bounded: each (endpoint, c, round) ends after its requests or 60 s, whichever comes first.
@@ -32,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -165,7 +170,21 @@ async def _round(port: int, kind: str, path: str, body: bytes, c: int, n: int) -
         "stream_tok_s": statistics.median(rates),
         "total_tok_s": words / wall,
         "requests": len(ttft),
+        "words": words,
     }
+
+
+def _cpu(proc: psutil.Process) -> tuple[float, float]:
+    """(the server process's CPU seconds, its children's)."""
+    t = proc.cpu_times()
+    kids = 0.0
+    for child in proc.children(recursive=True):
+        try:
+            c = child.cpu_times()
+        except psutil.Error:
+            continue
+        kids += c.user + c.system
+    return t.user + t.system, kids
 
 
 def main() -> int:
@@ -183,6 +202,7 @@ def main() -> int:
         srv = start_sluice(repo, Path(tmp) / "sluice.log")
         try:
             srv.wait_ready()
+            proc = psutil.Process(srv.proc.pid)
             bodies = _bodies(args.tokens)
             results: dict[tuple[str, int], list[dict[str, float]]] = {}
             for r in range(args.rounds):
@@ -190,7 +210,12 @@ def main() -> int:
                     order = list(bodies) if r % 2 == 0 else list(reversed(bodies))
                     for kind in order:
                         path, body = bodies[kind]
+                        main0, kids0 = _cpu(proc)
                         out = asyncio.run(_round(srv.http, kind, path, body, c, args.requests))
+                        main1, kids1 = _cpu(proc)
+                        words = out["words"]
+                        out["server_us"] = (main1 - main0) / words * 1e6
+                        out["worker_us"] = (kids1 - kids0) / words * 1e6
                         results.setdefault((kind, c), []).append(out)
                         print(f"round {r} c={c} {kind}: {out}", file=sys.stderr)
         finally:
@@ -201,9 +226,9 @@ def main() -> int:
     )
     print(
         "| endpoint | c | TTFT p50 ms | TTFT p90 ms | inter-token ms | tokens/s per stream "
-        "| tokens/s in all |"
+        "| tokens/s in all | server CPU us/token | worker CPU us/token |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (kind, c), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
 
         def med(key: str, runs: list[dict[str, float]] = runs) -> float:
@@ -211,7 +236,8 @@ def main() -> int:
 
         print(
             f"| {kind} | {c} | {med('ttft_p50_ms'):.2f} | {med('ttft_p90_ms'):.2f} | "
-            f"{med('itl_ms'):.3f} | {med('stream_tok_s'):.0f} | {med('total_tok_s'):.0f} |"
+            f"{med('itl_ms'):.3f} | {med('stream_tok_s'):.0f} | {med('total_tok_s'):.0f} | "
+            f"{med('server_us'):.1f} | {med('worker_us'):.1f} |"
         )
     return 0
 
