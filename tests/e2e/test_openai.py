@@ -17,7 +17,9 @@ What must hold:
   ``is_cancelled()``, the request counts as a failure with reason CANCELED and the model's
   one instance is free for the next request;
 - with ``--api-keys-file`` the key is required on ``/v1`` (OpenAI's client sends it as its
-  ``api_key``); with tracing on, a call is traced on its model with the tensors it sent.
+  ``api_key``); ``--http-restricted-api=inference:...`` restricts its completions (not its
+  model list); a body over ``--http-max-input-size`` is a 413; all in OpenAI's error shape;
+- with tracing on, a call is traced on its model with the tensors it sent.
 """
 
 from __future__ import annotations
@@ -683,3 +685,43 @@ def test_a_call_is_traced_on_its_model_with_the_tensors_it_sent(tok_srv: Any) ->
         "top_p": 1.0,
         "max_tokens": 2,
     }
+
+
+def test_restricted_inference_and_the_body_limit_hold_on_v1(
+    start_server: Any, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    zoo_llm.parrot(repo)
+    srv = start_server(
+        repo, "--http-restricted-api=inference:llm-key=s3cret", "--http-max-input-size=2048"
+    )
+    client = _client(srv)
+    # the model list is metadata: open; a completion is inference: restricted, as on /v2
+    assert [m.id for m in client.models.list().data] == ["parrot"]
+    with pytest.raises(openai.PermissionDeniedError) as exc:
+        client.completions.create(model="parrot", prompt="a", max_tokens=1)
+    assert exc.value.body == {
+        "message": "This API is restricted, expecting header 'llm-key'",
+        "type": "permission_error",
+        "param": None,
+        "code": None,
+    }
+    allowed = openai.OpenAI(
+        base_url=f"http://{srv.http}/v1",
+        api_key="none",
+        max_retries=0,
+        default_headers={"llm-key": "s3cret"},
+    )
+    assert (
+        allowed.completions.create(model="parrot", prompt="a", max_tokens=1).choices[0].text == "a"
+    )
+    code, raw = post(
+        srv,
+        "/v1/completions",
+        {"model": "parrot", "prompt": "x " * 2000},
+        headers={"llm-key": "s3cret"},
+    )
+    error = json.loads(raw)["error"]
+    assert (code, error["type"]) == (413, "invalid_request_error")
+    assert error["message"].endswith("raise it with --http-max-input-size")
