@@ -11,7 +11,8 @@ models run the same source).
   text; not streaming, one final response with the whole text. It answers
   ``num_input_tokens`` (the prompt's words) and ``num_output_tokens`` (the response's words).
   Between words it sleeps ``token_delay_ms`` (a config parameter) and stops, sending only the
-  final flag, once its request is cancelled.
+  final flag, once its request is cancelled. A word "boom" fails it: an error response
+  ("boom after N words") in place of that word (not streaming: of the whole answer).
 - ``parrot_trt``: the same words from a plain (not decoupled) python model in Triton's
   TensorRT-LLM convention (``text_input``, ``max_tokens``, ``stop_words``, ``temperature``,
   ``top_p``, ``seed``, ``stream``, ``exclude_input_in_output``), batched (max_batch_size 4);
@@ -119,6 +120,13 @@ class TritonPythonModel:
         n_in = len(prompt.split()) if counts else None
         finish = finish if finish_wanted else None
         prefix = prompt + " " if echo else ""
+        if "boom" in words:
+            failed = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"boom after {words.index('boom')} words")
+            )
+            if not stream:
+                sender.send(failed, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
         if not stream:
             text = prefix + " ".join(words)
             sender.send(
@@ -131,6 +139,9 @@ class TritonPythonModel:
                 time.sleep(self.delay)
             if sender.is_cancelled():
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            if word == "boom":
+                sender.send(failed, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
             text = (prefix if i == 0 else " ") + word
             sender.send(_out(text, n_in, 1 if counts else None))

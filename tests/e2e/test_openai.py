@@ -725,3 +725,35 @@ def test_restricted_inference_and_the_body_limit_hold_on_v1(
     error = json.loads(raw)["error"]
     assert (code, error["type"]) == (413, "invalid_request_error")
     assert error["message"].endswith("raise it with --http-max-input-size")
+
+
+def test_a_model_error_before_and_during_a_stream(srv: Any) -> None:
+    client = _client(srv)
+    # not streaming: the model's error is the answer, 500 in OpenAI's shape
+    with pytest.raises(openai.InternalServerError) as exc:
+        client.completions.create(model="parrot", prompt="a b boom", max_tokens=5)
+    assert exc.value.status_code == 500
+    assert exc.value.body["type"] == "server_error"
+    assert "boom after 2 words" in exc.value.body["message"]
+    # streaming: the words before it, then an error event that ends the stream
+    got = []
+    with pytest.raises(openai.APIError) as exc:
+        for chunk in client.completions.create(
+            model="parrot", prompt="a b boom", max_tokens=5, stream=True
+        ):
+            got.append(chunk.choices[0].text)
+    assert got == ["a", " b"]
+    assert "boom after 2 words" in exc.value.message
+    # the raw stream: no [DONE] after the error event
+    code, raw = post(
+        srv,
+        "/v1/completions",
+        {"model": "parrot", "prompt": "boom", "max_tokens": 2, "stream": True},
+    )
+    events = raw.decode().split("\n\n")
+    assert code == 200 and events[-1] == ""
+    last = json.loads(events[-2][len("data: ") :])
+    assert (
+        last["error"]["type"] == "server_error" and "boom after 0 words" in last["error"]["message"]
+    )
+    assert "data: [DONE]" not in events
