@@ -15,7 +15,7 @@ Rules of this file:
   tokenizer's special tokens (``bos_token``, ``eos_token``, ...). An error the template
   raises for the messages (e.g. roles that do not alternate) is the client's: 400 naming
   ``messages``.
-- Without a template, the plain template (``PLAIN_TEMPLATE``): each message as
+- Without a template, the plain template (``_plain``): each message as
   ``<role>: <content>`` and a newline, content parts joined with newlines, then
   ``assistant:``.
 - Token counts, where the model answers none: the tokenizer's (no special tokens added),
@@ -39,9 +39,7 @@ from typing import Any
 from ..errors import ServerError
 from ..protocol.openai_schema import FieldError
 
-__all__ = ["PLAIN_TEMPLATE", "ChatFormat"]
-
-PLAIN_TEMPLATE = "<role>: <content>\\n per message, then 'assistant:'"
+__all__ = ["ChatFormat"]
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
