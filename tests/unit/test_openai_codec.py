@@ -230,6 +230,8 @@ def test_tensorrt_llm_tensors_and_refusals() -> None:
         [7]
     ]
     assert req.inputs["max_tokens"].tolist() == [[4]]
+    negative = generation_request(conv, "m", "hi", s, max_tokens=4, seed=-1, echo=False)
+    assert negative.inputs["random_seed"].tolist() == [[2**64 - 1]]
     assert req.inputs["temperature"].tolist() == [[1.0]]  # a default, sent where declared
     assert "top_p" not in req.inputs  # a default, not declared: not sent
     given = parse_completion(_body({"model": "m", "prompt": "p", "top_p": 0.5})).sampling

@@ -176,6 +176,8 @@ def generation_request(
                 continue
             name = next((n for n in names if conv.has(n)), None)
             if name is not None:
+                if field == "seed" and conv.inputs[name][0] == "UINT64":
+                    value %= 2**64  # a negative seed as its 64-bit pattern
                 b.put(name, value)
             elif field in s.given:
                 raise _refuse(conv, model, field, names)
