@@ -56,6 +56,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     _add_memory_flags(p)
     _add_grpc_flags(p)
     _add_security_flags(p)
+    _add_openai_flags(p)
     _add_log_flags(p)
     _add_ignored_flags(p)
 
@@ -364,6 +365,40 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
         help="sluice's: how a full queue (max_queue_size) or a queue timeout is answered: "
         "triton (the default: 503 / UNAVAILABLE, Triton's text) or 429 (429 with a Retry-After "
         "header estimated from the queue's drain rate; gRPC RESOURCE_EXHAUSTED)",
+    )
+
+
+def _add_openai_flags(p: argparse.ArgumentParser) -> None:
+    """The OpenAI-compatible API on the HTTP port (/v1): chat template, token counts, defaults
+    (Triton's OpenAI front-end's flags)."""
+    p.add_argument(
+        "--openai",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="serve the OpenAI-compatible API (/v1/models, /v1/completions, "
+        "/v1/chat/completions, /v1/embeddings) on the HTTP port",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="",
+        metavar="DIR",
+        help="a local tokenizer directory (tokenizer.json, tokenizer_config.json): its chat "
+        "template renders chat messages and it counts usage tokens; without it, the plain "
+        "template and whitespace-separated words (needs the openai extra; nothing downloaded)",
+    )
+    p.add_argument(
+        "--chat-template",
+        default="",
+        metavar="FILE",
+        help="a Jinja chat template file, used instead of the tokenizer's",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=_nonneg_int,
+        default=16,
+        metavar="N",
+        help="the max_tokens of an OpenAI request that gives none (Triton's default: 16)",
     )
 
 
@@ -776,6 +811,10 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         rate_limit=ns.rate_limit,
         rate_limit_resources=_rate_limit_resources(ns.rate_limit_resource, parser),
         overload_status=ns.overload_status,
+        openai=ns.openai,
+        tokenizer=ns.tokenizer,
+        chat_template=ns.chat_template,
+        default_max_tokens=ns.default_max_tokens,
         **_security(ns, parser),  # type: ignore[arg-type]
     )
 

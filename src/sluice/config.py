@@ -177,3 +177,10 @@ class ServerConfig:
     api_keys_file: str = ""
     # --audit-log: one JSON line per control action ("" = none)
     audit_log: str = ""
+    # the OpenAI-compatible API on the HTTP port (/v1): --openai, --tokenizer (a local
+    # tokenizer directory: chat template and token counts; "" = the plain template and
+    # whitespace counts), --chat-template (a Jinja file), --default-max-tokens
+    openai: bool = True
+    tokenizer: str = ""
+    chat_template: str = ""
+    default_max_tokens: int = 16

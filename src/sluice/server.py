@@ -157,7 +157,12 @@ class Server:
             raise AlreadyExists(f"HTTP is served already, on port {self.http_port}")
         cfg = self.config
         self._http, task, self.http_port = await start_http_server(
-            HttpFrontend(self.service, self.policy, max_input_size=cfg.http_max_input_size),
+            HttpFrontend(
+                self.service,
+                self.policy,
+                max_input_size=cfg.http_max_input_size,
+                openai=self._openai_edge(),
+            ),
             address,
             port,
             timeout_graceful_shutdown=2,
@@ -211,6 +216,23 @@ class Server:
             self._repository_collectors(),
             serving.limiter,
         )
+
+    def _openai_edge(self) -> Any:
+        """The OpenAI-compatible API (None with --openai=false); ServerError when
+        --tokenizer or --chat-template cannot be used."""
+        cfg = self.config
+        if not cfg.openai:
+            return None
+        from .frontends.openai_api import OpenAIEdge
+        from .frontends.openai_chat import ChatFormat
+
+        chat = ChatFormat.load(cfg.tokenizer, cfg.chat_template)
+        log.info(
+            "OpenAI-compatible API on /v1: chat template from %s, token counts from %s",
+            chat.source,
+            f"--tokenizer {cfg.tokenizer}" if chat.tokenizer is not None else "whitespace words",
+        )
+        return OpenAIEdge(self.service, chat, cfg.default_max_tokens)
 
     def _metrics_settings(self) -> dict[str, Any]:
         cfg = self.config

@@ -170,6 +170,15 @@ class InferenceService:
             "outputs": tensors(sv.outputs),
         }
 
+    def served_models(self) -> list[tuple[str, int]]:
+        """The models serving now, by name, each with the load time (whole seconds since the
+        epoch) of the version a request naming none gets: the OpenAI-compatible model list."""
+        return sorted(
+            (rec.name, int(rec.latest.loaded_at))
+            for rec in self.registry.records()
+            if rec.latest is not None
+        )
+
     async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return (await self._serving(name, version)).config
 

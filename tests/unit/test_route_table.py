@@ -121,7 +121,9 @@ def _example(route: Route) -> str:
 @pytest.mark.parametrize("route", ROUTES.routes, ids=repr)
 def test_every_route_is_served_classified_and_audited_from_its_entry(route: Route) -> None:
     assert hasattr(HttpFrontend, f"_{route.handler}"), route
-    assert route.group in GROUPS or (route.group is None and route.pattern.startswith("/dash"))
+    assert route.group in GROUPS or (
+        route.group is None and route.pattern.startswith(("/dash", "/v1/{rest"))
+    )
     parts = _example(route).encode().split(b"/")
     for method in route.methods or ("GET", "POST", "PUT"):
         found = ROUTES.match(method, list(parts))

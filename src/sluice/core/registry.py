@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -130,6 +131,8 @@ class ServingVersion:
     # bytes its instances hold as admission saw them (declared or measured estimate per
     # instance x instances; 0 for an ensemble): what on-demand loading counts in its budget
     memory: int = 0
+    # when it was built (wall clock, seconds): the OpenAI model list's "created"
+    loaded_at: float = field(default_factory=time.time)
 
     @property
     def config(self) -> mc.ModelConfig:

@@ -6,8 +6,10 @@ Rules of this file:
   action): the path (``raw_path``, so ``%2F`` in a model name stays in the name) is matched
   there once; route ``R`` is served by the method ``_<R.handler>(scope, receive, *args)``.
 - Every handler returns ``(status, body, headers)``; ``__call__`` sends it. Errors are mapped
-  once, in ``__call__``, by ``frontends.errors.http_error``; error bodies are always
-  ``{"error": "<message>"}`` with Content-Type application/json.
+  once, in ``__call__``, by ``frontends.errors.http_error``; error bodies are
+  ``{"error": "<message>"}`` with Content-Type application/json, except on the routes of the
+  OpenAI-compatible API (``Route.openai``, served by ``frontends/openai_api``): there they
+  are OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 
 Usage::
 
@@ -30,11 +32,12 @@ import socket
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
+from functools import partial
 from typing import Any, TypeVar
 
 import uvicorn
 
-from ..errors import InvalidArgument, ServerError, Status
+from ..errors import InvalidArgument, NotFound, ServerError, Status
 from ..protocol import json_body
 from ..protocol.config_json import config_to_json_dict
 from ..protocol.generate_codec import (
@@ -43,8 +46,9 @@ from ..protocol.generate_codec import (
     sse_event,
 )
 from ..protocol.http_codec import encode_infer_response, read_infer_request
-from ..protocol.http_routes import ROUTES, MethodNotAllowed, Router
+from ..protocol.http_routes import ROUTES, MethodNotAllowed, Route, Router
 from ..protocol.infer_layout import HttpLayouts
+from ..protocol.openai_codec import error_body as openai_error_body
 from ..security.access import CALLER, AccessDenied, Policy
 from ..service import InferenceService
 from ..types import InferResponse
@@ -57,6 +61,7 @@ from .http_limits import (
     BodyTooLarge,
     limit_body,
 )
+from .openai_api import OpenAIEdge, Reply
 
 __all__ = ["HttpFrontend", "make_http_server", "start_http_server"]
 
@@ -144,7 +149,18 @@ def _error(status: int, message: str) -> Result:
     return status, _json_dumps({"error": message}).encode(), _CT_JSON
 
 
+def _failure(route: Route | None, status: int, message: str, exc: object = None) -> Result:
+    """An error answer in the shape of the route's API: Triton's, or OpenAI's on ``/v1``
+    (``param`` and ``code`` from the error where it names them)."""
+    if route is None or not route.openai:
+        return _error(status, message)
+    param = getattr(exc, "param", None)
+    code = getattr(exc, "code", None)
+    return status, openai_error_body(status, message, param, code), _CT_JSON
+
+
 _MODEL_NOT_READY = _error(400, "Model version not ready")
+_OPENAI_TRACE = "sluice.openai_trace"  # scope key: the trace an OpenAI call sampled
 
 
 def _index_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -231,7 +247,16 @@ def _params(doc: dict[str, Any], what: str) -> dict[str, Any]:
 class HttpFrontend:
     """ASGI application serving the KServe v2 / Triton HTTP API over ``service``."""
 
-    __slots__ = ("service", "tracer", "policy", "max_input_size", "routes", "layouts", "_handlers")
+    __slots__ = (
+        "service",
+        "tracer",
+        "policy",
+        "max_input_size",
+        "routes",
+        "layouts",
+        "openai",
+        "_handlers",
+    )
 
     def __init__(
         self,
@@ -240,8 +265,11 @@ class HttpFrontend:
         *,
         max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
         routes: Router = ROUTES,
+        openai: OpenAIEdge | None = None,
     ) -> None:
         self.service = service
+        # the OpenAI-compatible API (/v1); None: its routes answer 404
+        self.openai = openai
         # --http-max-input-size: the most bytes a request body may hold (0 = no limit)
         self.max_input_size = max_input_size
         self.tracer = service.tracer  # the trace extension: one test per request when off
@@ -264,10 +292,11 @@ class HttpFrontend:
             await self._policed(self.policy, scope, receive, send)
             return
         trace = None
+        route: Route | None = None
+        raw: bytes = scope.get("raw_path") or scope["path"].encode()
         try:
             if self.max_input_size:
                 receive = limit_body(scope, receive, self.max_input_size)
-            raw: bytes = scope.get("raw_path") or scope["path"].encode()
             found = self.routes.match(scope["method"], raw.split(b"/"))
             if found is None:
                 status, body, headers = _error(404, f"no route for {scope['path']}")
@@ -281,6 +310,8 @@ class HttpFrontend:
                     status, body, headers = await handler(scope, receive, *args, trace=trace)
                 else:
                     status, body, headers = await handler(scope, receive, *args)
+                    if route.openai:  # the model is in the body: the handler sampled it
+                        trace = scope.pop(_OPENAI_TRACE, None)
         except _Disconnected:
             if trace is not None:
                 trace.finish()
@@ -290,18 +321,20 @@ class HttpFrontend:
                 await self._send_events(scope, send, stream.events)
             return
         except MethodNotAllowed as exc:
-            status, body, headers = _error(
-                405, f"method {scope['method']} is not allowed on {scope['path']}"
+            route = self.routes.route_of(raw.split(b"/"))
+            status, body, headers = _failure(
+                route, 405, f"method {scope['method']} is not allowed on {scope['path']}"
             )
             headers = [*headers, (b"allow", exc.allowed.encode())]
         except BodyTooLarge as exc:  # the rest of the body is not read: close after answering
-            status, body, headers = _error(413, str(exc))
+            route = route or self.routes.route_of(raw.split(b"/"))
+            status, body, headers = _failure(route, 413, str(exc))
             headers = [*headers, (b"connection", b"close")]
         except _UnsupportedEncoding as exc:
-            status, body, headers = _error(415, str(exc))
+            status, body, headers = _failure(route, 415, str(exc))
         except Exception as exc:  # mapped once, here
             code, message = http_error(exc, f"{scope['method']} {scope['path']}")
-            status, body, headers = _error(code, message)
+            status, body, headers = _failure(route, code, message, exc)
             headers = [*headers, *http_error_headers(exc)]
         if trace is not None:
             await self._send_traced(send, status, body, headers, trace)
@@ -346,7 +379,8 @@ class HttpFrontend:
                         outcome=f"denied: {exc}",
                         **action[1],
                     )
-                status, body, extra = _error(exc.http_status, exc.message)
+                route = self.routes.route_of(parts)
+                status, body, extra = _failure(route, exc.http_status, exc.message, exc)
                 if exc.http_status == 401:
                     extra = [*extra, (b"www-authenticate", b"Bearer")]
                 await send(
@@ -421,6 +455,8 @@ class HttpFrontend:
         async def pump() -> None:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for event in events:
+                    if scope.get(DISCONNECTED):  # it left before the hook was set: stop
+                        break
                     await send({"type": "http.response.body", "body": event, "more_body": True})
 
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
@@ -580,6 +616,46 @@ class HttpFrontend:
 
     async def _dashboard_data(self, scope: Scope, receive: Receive) -> Result:
         return dashboard_data(self.service)
+
+    # ------------------------------------------------------------------ /v1 (openai_api)
+    def _openai_edge(self, scope: Scope) -> OpenAIEdge:
+        if self.openai is None:
+            raise NotFound(f"no route for {scope['path']}: the OpenAI-compatible API is off")
+        return self.openai
+
+    async def _openai_call(self, scope: Scope, receive: Receive, call: str) -> Result:
+        edge = self._openai_edge(scope)
+        received = time.monotonic_ns()
+        body = await _read_body(receive)
+        reply: Reply = await getattr(edge, call)(body, partial(_unless_gone, scope), received)
+        if reply.events is not None:
+            raise _Stream(reply.events)
+        if reply.trace is not None:
+            scope[_OPENAI_TRACE] = reply.trace
+        return _json(reply.doc)
+
+    async def _openai_models(self, scope: Scope, receive: Receive) -> Result:
+        return _json(self._openai_edge(scope).models())
+
+    async def _openai_model(self, scope: Scope, receive: Receive, name: str) -> Result:
+        return _json(self._openai_edge(scope).model(name))
+
+    async def _openai_completions(self, scope: Scope, receive: Receive) -> Result:
+        return await self._openai_call(scope, receive, "completions")
+
+    async def _openai_chat(self, scope: Scope, receive: Receive) -> Result:
+        return await self._openai_call(scope, receive, "chat_completions")
+
+    async def _openai_embeddings(self, scope: Scope, receive: Receive) -> Result:
+        return await self._openai_call(scope, receive, "embeddings")
+
+    async def _openai_unknown(self, scope: Scope, receive: Receive, rest: str) -> Result:
+        """Any other /v1 path and method: 405 on a path of the API, else 404."""
+        raw: bytes = scope.get("raw_path") or scope["path"].encode()
+        route = self.routes.route_of(raw.split(b"/"))
+        if route is not None and route.handler != "openai_unknown":
+            raise MethodNotAllowed(", ".join(route.methods))
+        raise NotFound(f"no route for {scope['path']}")
 
     async def _infer(
         self, scope: Scope, receive: Receive, model: str, version: str = "", trace: Any = None

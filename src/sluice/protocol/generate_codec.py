@@ -26,7 +26,12 @@ from ..types import InferRequest, InferResponse
 from .datatypes import KSERVE_TO_NUMPY
 from .json_body import too_deep
 
-__all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
+__all__ = [
+    "decode_generate_request",
+    "encode_generate_response",
+    "sse_event",
+    "tensor_from_json",
+]
 
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -59,7 +64,7 @@ def decode_generate_request(
                 params[key] = value
             continue
         datatype = str(meta["datatype"])
-        arrays[key] = _tensor(key, value, datatype, len(meta["shape"]))
+        arrays[key] = tensor_from_json(key, value, datatype, len(meta["shape"]))
         datatypes[key] = datatype
     request_id = params.pop("id", "") if isinstance(params.get("id"), str) else ""
     return InferRequest(
@@ -72,7 +77,10 @@ def decode_generate_request(
     )
 
 
-def _tensor(name: str, value: Any, datatype: str, rank: int) -> np.ndarray:
+def tensor_from_json(name: str, value: Any, datatype: str, rank: int) -> np.ndarray:
+    """A JSON value (a scalar or nested lists) as the input ``name`` of ``datatype``, with
+    leading dimensions of size 1 added up to ``rank`` (the generate extension's rule; the
+    OpenAI mapping builds its tensors with it too)."""
     if datatype == "BYTES":
         arr = np.array(value if isinstance(value, list) else [value], dtype=np.object_)
         flat = arr.reshape(-1)

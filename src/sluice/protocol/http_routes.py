@@ -5,6 +5,10 @@ Rules of this file:
 - One entry per endpoint: its methods, path pattern, handler (the name of an ``HttpFrontend``
   method, ``_<handler>``), Triton API group (restricted APIs, API keys) and audit action. An
   endpoint is added by one entry and its handler; nothing else parses paths.
+- The OpenAI-compatible API (``/v1``, ``openai=True``: errors in OpenAI's shape) is governed
+  by the groups of the same calls on ``/v2``: completions, chat completions and embeddings
+  are ``inference``, the model list is ``metadata``; a key of role ``inference`` may use it
+  all, and ``--http-restricted-api=inference:...`` restricts it with the KServe inference.
 - Patterns are literal segments, ``{name}`` (one segment, percent-decoded: ``a%2Fb`` is the
   name ``a/b``, never two segments) and a last ``{name...}`` that takes the rest of the path
   (zero or more segments). A route with no methods accepts any.
@@ -103,7 +107,8 @@ _ANY = _AnyMethod()
 
 class Route:
     """One endpoint. ``fields``: the audit line's fixed fields (before the parameters);
-    ``traced``: the trace extension samples it (the handler takes ``trace=``)."""
+    ``traced``: the trace extension samples it (the handler takes ``trace=``); ``openai``: a
+    route of the OpenAI-compatible API."""
 
     __slots__ = (
         "methods",
@@ -113,6 +118,7 @@ class Route:
         "action",
         "fields",
         "traced",
+        "openai",
         "index",
         "size",
         "last",
@@ -137,6 +143,7 @@ class Route:
         fields: Iterable[tuple[str, str]] = (),
         *,
         traced: bool = False,
+        openai: bool = False,
     ) -> None:
         self.methods = tuple(methods.split())
         self.pattern = pattern
@@ -145,6 +152,7 @@ class Route:
         self.action = action
         self.fields = dict(fields)
         self.traced = traced
+        self.openai = openai  # the OpenAI-compatible API: its errors in OpenAI's shape
         self.index = -1  # position in its Router (which holds a copy)
         segs = pattern.split("/")
         self.rest = segs[-1].startswith("{") and segs[-1].endswith("...}")
@@ -430,6 +438,14 @@ ROUTES = Router(
         ),
         # any other method or path under it: 501 (status and unregister answered as above)
         Route("", "/v2/cudasharedmemory/{rest...}", "cuda_other", SHARED_MEMORY),
+        # the OpenAI-compatible API (frontends/openai_api.py); any other /v1 path: a 404 in
+        # OpenAI's shape
+        Route("GET", "/v1/models", "openai_models", METADATA, openai=True),
+        Route("GET", "/v1/models/{model...}", "openai_model", METADATA, openai=True),
+        Route("POST", "/v1/completions", "openai_completions", INFERENCE, openai=True),
+        Route("POST", "/v1/chat/completions", "openai_chat", INFERENCE, openai=True),
+        Route("POST", "/v1/embeddings", "openai_embeddings", INFERENCE, openai=True),
+        Route("", "/v1/{rest...}", "openai_unknown", None, openai=True),
         # the operator's page (open) and its data (statistics): frontends/dashboard_page.py
         Route("GET", "/dashboard", "dashboard", None),
         Route("GET", "/dashboard/data", "dashboard_data", STATISTICS),
