@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ''.[dev,torch,otel,docs,perf,storage,openai]'
+	$(PY) -m pip install -q -e '.[dev,torch,otel,docs,perf,storage,openai]'
 	touch $(STAMP)
 
 # The native gRPC edge (gRPC C++; DESIGN.md): system packages, then a ~10 s compile. Where
