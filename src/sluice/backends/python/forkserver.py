@@ -45,6 +45,7 @@ __all__ = ["ForkServer", "ForkedProcess", "shared", "shutdown_shared", "START_TI
 
 log = logging.getLogger("sluice.workers")
 START_TIMEOUT_S = 120.0  # the zygote's imports, on a machine that may be very busy
+ANSWER_TIMEOUT_S = 60.0  # one fork
 _CTX = mp.get_context("spawn")
 
 
@@ -176,14 +177,24 @@ class ForkServer:
                 await self._send(sock, data, [rx.fileno(), tx.fileno(), status_w])
             except OSError:
                 os.close(status_r)
-                self._gone(sock, "its socket closed")
+                self._gone(sock, "closed its socket")
                 continue
             finally:
                 os.close(status_w)
             answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             self._waiting.append((answer, status_r))
             try:
-                pid = await answer
+                pid = await asyncio.wait_for(asyncio.shield(answer), ANSWER_TIMEOUT_S)
+            except asyncio.CancelledError:
+                answer.cancel()  # the worker is killed when its pid comes
+                raise
+            except TimeoutError:  # a fork takes milliseconds: this zygote is stuck
+                self._give_up(f"it did not answer a request within {ANSWER_TIMEOUT_S:g}s")
+                self.shutdown(kill=True)
+                if answer.done() and not answer.cancelled():
+                    answer.exception()
+                os.close(status_r)
+                return None
             except ZygoteGone:
                 os.close(status_r)
                 continue
@@ -272,7 +283,7 @@ class ForkServer:
             except OSError:
                 data = b""
             if not data:
-                self._gone(sock, "it exited")
+                self._gone(sock, "exited")
                 return
             hello = self._hello
             if data == zygote.HELLO and hello is not None and not hello.done():
