@@ -17,7 +17,9 @@ machine's memory and CPU) with ``--model-control-mode=explicit --load-model=*``,
   under it (workers, Triton's stubs, sluice's fork server and multiprocessing's resource
   tracker), read ``--settle`` seconds after READY, then again after one request to every
   model (a model that served has touched more of its pages);
-- per instance: PSS / N, and the ratio sluice / Triton of both figures.
+- CPU s to READY: user + system seconds of that process tree until READY (what the start
+  costs, whatever else the machine runs meanwhile);
+- per instance: PSS / N, and the ratio sluice / Triton of each figure.
 
 Every server it starts it stops by its PID (SIGTERM, then SIGKILL to its process group after
 30 s). Needs ``/tmp/peers`` (``/work/shared/bench-peers/setup.sh``) for Triton.
@@ -138,6 +140,19 @@ def tree_pss(pid: int) -> dict[str, Any]:
     }
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the server and everything under it have used, those
+    processes that have exited and been reaped included."""
+    total = 0.0
+    for p in tree(pid):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def all_ready(port: int, n: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as r:
@@ -197,6 +212,7 @@ def measure(name: str, repo: Path, n: int, args: argparse.Namespace, work: Path)
                 raise TimeoutError(f"{name}: {n} models not READY after {args.timeout}s")
             time.sleep(0.05)
         ready_s = time.monotonic() - t0
+        cpu_s = tree_cpu(srv.proc.pid)
         time.sleep(args.settle)
         idle = tree_pss(srv.proc.pid)
         infer_each(srv.http, n)
@@ -204,20 +220,28 @@ def measure(name: str, repo: Path, n: int, args: argparse.Namespace, work: Path)
         served = tree_pss(srv.proc.pid)
     finally:
         srv.stop()
-    return {"server": name, "n": n, "ready_s": round(ready_s, 2), "idle": idle, "served": served}
+    return {
+        "server": name,
+        "n": n,
+        "ready_s": round(ready_s, 2),
+        "cpu_s": round(cpu_s, 2),
+        "idle": idle,
+        "served": served,
+    }
 
 
 def table(rows: list[dict]) -> str:
     out = [
-        "| N | server | READY s | PSS MB (ready) | per instance | PSS MB (after 1 request each) "
-        "| per instance | processes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N | server | READY s | CPU s to READY | PSS MB (ready) | per instance "
+        "| PSS MB (after 1 request each) | per instance | processes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["server"], r["n"]): r for r in rows}
     for r in rows:
         n = r["n"]
         out.append(
-            f"| {n} | {r['server']} | {r['ready_s']:.1f} | {r['idle']['total_mib']:,.0f} | "
+            f"| {n} | {r['server']} | {r['ready_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{r['idle']['total_mib']:,.0f} | "
             f"{r['idle']['total_mib'] / n:.1f} | {r['served']['total_mib']:,.0f} | "
             f"{r['served']['total_mib'] / n:.1f} | {r['served']['processes']} |"
         )
@@ -226,6 +250,7 @@ def table(rows: list[dict]) -> str:
         if s and t:
             out.append(
                 f"| {n} | **sluice / Triton** | {s['ready_s'] / t['ready_s']:.2f} | "
+                f"{s['cpu_s'] / t['cpu_s']:.2f} | "
                 f"{s['idle']['total_mib'] / t['idle']['total_mib']:.2f} | | "
                 f"{s['served']['total_mib'] / t['served']['total_mib']:.2f} | | |"
             )

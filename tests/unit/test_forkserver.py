@@ -21,6 +21,7 @@ from sluice.backends.python.forkserver import ForkedProcess, ForkServer
 from sluice.backends.python.pool import WorkerClient, _pipes
 from sluice.backends.python.server import _setup
 from sluice.backends.python.settings import DEFAULT_WORKER_ENV, PythonSettings
+from sluice.config import ControlMode, ServerConfig
 
 from .test_python_backend import ADD_SUB_CONFIG, ADD_SUB_PY, make_spec, no_leftovers, run
 
@@ -129,3 +130,33 @@ def test_a_forked_workers_exit_code_comes_through_its_status_pipe(add_sub: Model
 
 def test_the_shared_fork_server_is_one_per_process() -> None:
     assert forkserver.shared(DEFAULT_WORKER_ENV) is forkserver.shared(DEFAULT_WORKER_ENV)
+
+
+def test_serve_prestarts_the_fork_server_only_for_python_models_loaded_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[ForkServer] = []
+    monkeypatch.setattr(ForkServer, "prestart", lambda self: started.append(self) or True)
+    repo = tmp_path / "repo"
+    (repo / "onnx_model" / "1").mkdir(parents=True)
+    (repo / "onnx_model" / "1" / "model.onnx").write_bytes(b"")
+    only_onnx = ServerConfig(model_repositories=(repo,))
+    assert not forkserver.prestart_for(only_onnx)
+    (repo / "py_model" / "1").mkdir(parents=True)
+    (repo / "py_model" / "1" / "model.py").write_text("")
+
+    def config(**kw: Any) -> ServerConfig:
+        return ServerConfig(model_repositories=(repo,), **kw)
+
+    explicit = ControlMode.EXPLICIT
+    assert forkserver.prestart_for(config())
+    assert forkserver.prestart_for(config(control_mode=explicit, load_models=("*",)))
+    assert forkserver.prestart_for(config(control_mode=explicit, load_models=("py_model",)))
+    assert len(started) == 3
+    # nothing python to load at start, or workers spawned: no fork server yet
+    assert not forkserver.prestart_for(config(control_mode=explicit))
+    assert not forkserver.prestart_for(config(control_mode=explicit, load_models=("onnx_model",)))
+    for backend in ("", "python"):
+        spawn = ((backend, "worker-start", "spawn"),)
+        assert not forkserver.prestart_for(config(backend_config=spawn))
+    assert len(started) == 3

@@ -7,9 +7,11 @@ with it (and with every other worker) and starts in milliseconds; only what its 
 and builds is its own.
 
 Rules of this file:
-- One zygote per server process (``shared()``), started by the first worker that asks for one
-  (``spawn``: the server runs threads; the zygote does not, and forks). Asking never blocks
-  the event loop: the request goes down a non-blocking socket, the pid comes back to a reader.
+- One zygote per server process (``shared()``), started with ``spawn`` (the server runs
+  threads; the zygote does not, and forks): by ``sluice serve`` as it starts when a model it
+  loads at start has python files (``prestart_for``), else by the first worker that asks.
+  Asking never blocks the event loop: the request goes down a non-blocking socket, the pid
+  comes back to a reader.
 - ``start_worker`` returns ``None`` when there is no fork server to use: the zygote could not
   start (then no later worker of this process tries again; a warning says why once), a
   request too large, a fork that failed. The caller then spawns the worker as before.
@@ -37,11 +39,20 @@ import socket
 import sys
 from collections import deque
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from . import zygote
+from .settings import DEFAULT_WORKER_ENV, DEFAULT_WORKER_START
 
-__all__ = ["ForkServer", "ForkedProcess", "shared", "shutdown_shared", "START_TIMEOUT_S"]
+__all__ = [
+    "ForkServer",
+    "ForkedProcess",
+    "shared",
+    "shutdown_shared",
+    "prestart_for",
+    "START_TIMEOUT_S",
+]
 
 log = logging.getLogger("sluice.workers")
 START_TIMEOUT_S = 120.0  # the zygote's imports, on a machine that may be very busy
@@ -234,14 +245,12 @@ class ForkServer:
         if self.broken is not None:
             return False
         loop = asyncio.get_running_loop()
-        if self._sock is not None and self._loop is not loop:
+        if self._sock is not None and self._loop not in (None, loop):
             self.shutdown()  # a zygote of a loop that is gone (tests run several)
-        if self._sock is None:
-            try:
-                self._start(loop)
-            except Exception as exc:  # noqa: BLE001 - no fork server: spawn instead
-                self._give_up(f"{type(exc).__name__}: {exc}")
-                return False
+        if self._sock is None and not self.prestart():
+            return False
+        if self._loop is None:
+            self._attach(loop)
         hello = self._hello
         assert hello is not None
         try:
@@ -255,24 +264,39 @@ class ForkServer:
             return False
         return self.broken is None
 
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def prestart(self) -> bool:
+        """Start the zygote now if none runs (no event loop needed: its imports go on while
+        the server starts; the first worker's start attaches it to the loop). False when
+        it cannot start (then workers are spawned)."""
+        if self.broken is not None:
+            return False
+        if self._sock is not None:
+            return True
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         proc = _CTX.Process(
             target=zygote.serve, args=(theirs, self.env), name="sluice-fork-server", daemon=True
         )
         try:
             proc.start()
-        except BaseException:
+        except Exception as exc:  # noqa: BLE001 - no fork server: spawn instead
             ours.close()
-            raise
+            self._give_up(f"{type(exc).__name__}: {exc}")
+            return False
         finally:
             theirs.close()
         ours.setblocking(False)
-        self._proc, self._sock, self._loop = proc, ours, loop
-        self._hello = loop.create_future()
-        loop.add_reader(ours.fileno(), self._on_readable, ours)
-        loop.add_reader(proc.sentinel, self._reap, proc)
+        self._proc, self._sock, self._loop = proc, ours, None
         log.debug("fork server started (pid %s)", proc.pid)
+        return True
+
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the zygote's answers (its HELLO may already wait) on ``loop``."""
+        sock, proc = self._sock, self._proc
+        assert sock is not None and proc is not None
+        self._loop = loop
+        self._hello = loop.create_future()
+        loop.add_reader(sock.fileno(), self._on_readable, sock)
+        loop.add_reader(proc.sentinel, self._reap, proc)
 
     def _on_readable(self, sock: socket.socket) -> None:
         while sock is self._sock:
@@ -382,6 +406,41 @@ def shared(env: tuple[tuple[str, str], ...]) -> ForkServer:
     if _shared is None:
         _shared = ForkServer(env)
     return _shared
+
+
+def prestart_for(config: Any) -> bool:
+    """At ``sluice serve``'s start (``ServerConfig``): start this process's zygote now, so
+    that its imports go on while the server's do, when a model the server loads at start
+    has a ``.py`` file in a version directory of a local repository and python workers
+    start from the fork server. True when it was started."""
+    starts = [v for b, k, v in config.backend_config if b in ("", "python") and k == "worker-start"]
+    if (starts[-1] if starts else DEFAULT_WORKER_START) != "forkserver":
+        return False
+    names: list[str] | None = None  # None: every model of the repositories
+    if config.control_mode == "explicit":
+        names = [n for n in config.load_models if n != "*"]
+        if "*" in config.load_models:
+            names = None
+        elif not names:
+            return False  # nothing loads at start: the first load starts it
+    for repo in config.model_repositories:
+        for model in _model_dirs(Path(repo), names):
+            if any(v.name.isdigit() and any(v.glob("*.py")) for v in _dirs(model)):
+                return shared(DEFAULT_WORKER_ENV).prestart()
+    return False
+
+
+def _dirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []
+
+
+def _model_dirs(repo: Path, names: list[str] | None) -> list[Path]:
+    if names is None:
+        return _dirs(repo)
+    return [repo / n for n in names if "/" not in n and (repo / n).is_dir()]
 
 
 def shutdown_shared(wait: float = 5.0) -> None:

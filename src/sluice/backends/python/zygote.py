@@ -86,6 +86,7 @@ class _Zygote:
     def __init__(self, sock: socket.socket, base_name: bytes) -> None:
         self.sock = sock
         self.base_name = base_name
+        self.pid = os.getpid()
         self.children: dict[int, int] = {}  # pid -> write end of its status pipe
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -173,13 +174,12 @@ class _Zygote:
     ) -> NoReturn:
         code = 1
         try:
-            zygote_pid = os.getppid()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _close([self.wake_r, self.wake_w, status_fd, *self.children.values()])
             self.sock.close()
             _die_with_parent()
-            if os.getppid() != zygote_pid:  # the zygote died before the line above
+            if os.getppid() != self.pid:  # the zygote died before the line above
                 os._exit(1)
             _set_name(self.base_name)
             environ, cwd, sys_path = inherited
