@@ -186,8 +186,10 @@ class ForkServer:
             status_r, status_w = os.pipe()
             try:
                 await self._send(sock, data, [rx.fileno(), tx.fileno(), status_w])
-            except OSError:
+            except BaseException as exc:
                 os.close(status_r)
+                if not isinstance(exc, OSError):
+                    raise
                 self._gone(sock, "closed its socket")
                 continue
             finally:
@@ -313,15 +315,18 @@ class ForkServer:
             if data == zygote.HELLO and hello is not None and not hello.done():
                 hello.set_result(None)
                 continue
+            if not self._waiting:  # never: answers come one per request
+                self._gone(sock, "answered a request that was not made")
+                return
             answer, status_r = self._waiting.popleft()
             result = pickle.loads(data)
-            if isinstance(result, str):
-                if not answer.done():
-                    answer.set_exception(OSError(result))
-            elif answer.done():  # its caller was cancelled: nobody drives this worker
-                with contextlib.suppress(OSError):
-                    os.kill(result, signal.SIGKILL)
+            if answer.done():  # its caller was cancelled: nobody drives this worker
+                if isinstance(result, int):
+                    with contextlib.suppress(OSError):
+                        os.kill(result, signal.SIGKILL)
                 os.close(status_r)
+            elif isinstance(result, str):  # the fork failed; the caller closes status_r
+                answer.set_exception(OSError(result))
             else:
                 answer.set_result(result)
 
