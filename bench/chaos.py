@@ -5,7 +5,7 @@
 
 It starts a real ``sluice serve`` (explicit model control, loopback only) on a repository of
 small python models (batched and not, several instances each), runs client threads on both
-protocols, and meanwhile kills random worker processes (children of the server, found with
+protocols, and meanwhile kills random worker processes (under the server, found with
 psutil, SIGKILL by PID) and reloads random models (a file in the model's directory changes,
 then ``POST /v2/repository/models/<m>/load``). At the end it checks, and exits 1 when any
 check fails:
@@ -206,9 +206,12 @@ def stats(target: Target) -> dict[str, tuple[int, int]]:
     return out
 
 
+FORK_SERVER_NAME = "sluice-forksrv"  # the fork server's process name (its workers' parent)
+
+
 def workers(pid: int) -> list[psutil.Process]:
-    """The server's python-model worker processes (spawned children; not the resource
-    tracker)."""
+    """The server's python-model worker processes (forked by the fork server, or spawned;
+    not the fork server itself, not the resource tracker)."""
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -216,7 +219,11 @@ def workers(pid: int) -> list[psutil.Process]:
     found = []
     for c in children:
         with contextlib.suppress(psutil.Error):
-            if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+            if (
+                "spawn_main" in " ".join(c.cmdline())
+                and c.name() != FORK_SERVER_NAME
+                and c.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(c)
     return found
 

@@ -239,7 +239,8 @@ class Soak:
         out = []
         for c in children:
             try:
-                if "spawn_main" in " ".join(c.cmdline()):
+                # a worker (forked by the fork server, or spawned), not the fork server
+                if "spawn_main" in " ".join(c.cmdline()) and c.name() != "sluice-forksrv":
                     out.append(c)
             except psutil.Error:
                 pass

@@ -188,6 +188,15 @@ class ServerProcess:
             time.sleep(0.05)
         raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()}")
 
+    def workers(self) -> list[psutil.Process]:
+        """The python-model worker processes under the server, alive: not multiprocessing's
+        resource tracker, not the fork server that forks them (``python_processes``)."""
+        return python_processes(self.proc.pid)[0]
+
+    def fork_server(self) -> psutil.Process | None:
+        """The python backend's fork server (the workers' parent), if one runs."""
+        return python_processes(self.proc.pid)[1]
+
     def snapshot_children(self) -> list[psutil.Process]:
         try:
             found = psutil.Process(self.proc.pid).children(recursive=True)
@@ -295,6 +304,28 @@ class ServerProcess:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
         return problems
+
+
+FORK_SERVER_NAME = "sluice-forksrv"  # its process name (sluice.backends.python.zygote.NAME)
+
+
+def python_processes(pid: int) -> tuple[list[psutil.Process], psutil.Process | None]:
+    """Under process ``pid``: the python-model workers alive (forked by the fork server or
+    spawned), and the fork server (None when none runs)."""
+    workers, fork_server = [], None
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return [], None
+    for p in below:
+        with contextlib.suppress(psutil.Error):
+            if not _running(p):
+                continue
+            if p.name() == FORK_SERVER_NAME:
+                fork_server = p
+            elif "resource_tracker" not in " ".join(p.cmdline()):
+                workers.append(p)
+    return workers, fork_server
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -886,6 +886,10 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(args)
     if ns.command == "serve":
         config = _to_config(ns, parser)
+        # python models' fork server: its imports go on while the server's do
+        from .backends.python.forkserver import prestart_for
+
+        prestart_for(config)
         from .server import run
 
         return run(config)

@@ -101,7 +101,7 @@ def tree_rss(pid: int) -> int:
 
 
 def worker_pids(srv: Any) -> set[int]:
-    return {p.pid for p in psutil.Process(srv.proc.pid).children(recursive=True)}
+    return {p.pid for p in srv.workers()}
 
 
 def assert_small_serves(srv: Any) -> None:

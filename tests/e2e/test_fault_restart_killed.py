@@ -49,11 +49,7 @@ class TritonPythonModel:
 
 
 def _workers(srv: Any) -> list[psutil.Process]:
-    return [
-        p
-        for p in psutil.Process(srv.proc.pid).children(recursive=True)
-        if "spawn_main" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    return list(srv.workers())
 
 
 def test_a_call_waiting_for_a_replacement_killed_while_starting_gets_the_next_one(

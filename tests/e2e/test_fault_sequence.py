@@ -200,7 +200,7 @@ def test_a_worker_dying_between_requests_ends_its_sequences(server: Any) -> None
         what="the killed worker to be reaped",
     )
     wait_until(
-        lambda: len([p for p in server.snapshot_children() if p.pid != a_pid]) >= 2,
+        lambda: len([p for p in server.workers() if p.pid != a_pid]) >= 2,
         what="the replacement worker",
     )
     code, text = _http(server, 11, 2)

@@ -48,14 +48,7 @@ def srv(module_server, module_repo: Path):
 
 
 def _workers(srv) -> set[int]:
-    procs = psutil.Process(srv.proc.pid).children(recursive=True)
-    return {
-        p.pid
-        for p in procs
-        if p.is_running()
-        and p.status() != psutil.STATUS_ZOMBIE
-        and "resource_tracker" not in " ".join(p.cmdline())
-    }
+    return {p.pid for p in srv.workers()}
 
 
 def test_execute_raises_fails_that_request_only_http(srv):

@@ -8,20 +8,19 @@ import glob
 import os
 import time
 
-import psutil
+from tests.conftest import python_processes
 
 
 def workers() -> set[int]:
-    """The python-model worker processes of this process alive now (started with
-    ``--multiprocessing-fork``; multiprocessing's resource tracker is not one)."""
-    found = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "--multiprocessing-fork" in p.cmdline():
-                found.add(p.pid)
-        except psutil.Error:
-            pass
-    return found
+    """The python-model worker processes of this process alive now (forked by the fork
+    server or spawned; multiprocessing's resource tracker is not one)."""
+    return {p.pid for p in python_processes(os.getpid())[0]}
+
+
+def fork_server() -> set[int]:
+    """The python backend's fork server of this process, if one runs."""
+    found = python_processes(os.getpid())[1]
+    return set() if found is None else {found.pid}
 
 
 def segments() -> list[str]:
@@ -30,11 +29,12 @@ def segments() -> list[str]:
 
 
 def leftovers(pids: set[int], timeout: float = 5.0) -> tuple[set[int], list[str]]:
-    """Of ``pids``, the workers still alive, and this process's segments still there, once
-    they are gone or ``timeout`` has passed (a worker told to stop takes a moment to exit)."""
+    """Of ``pids``, the workers still alive (and the fork server, which the last server's
+    stop ends), and this process's segments still there, once they are gone or ``timeout``
+    has passed (a worker told to stop takes a moment to exit)."""
     deadline = time.monotonic() + timeout
     while True:
-        alive = pids & workers()
+        alive = (pids & workers()) | fork_server()
         left = segments()
         if (not alive and not left) or time.monotonic() > deadline:
             return alive, left

@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from sluice.backends.base import ModelSpec, backend_for
 from sluice.backends.batching import instance_names
-from sluice.backends.python import pb_utils
+from sluice.backends.python import forkserver, pb_utils
 from sluice.backends.python.server import PythonBackend, PythonInstance
 from sluice.errors import ServerError, Status
 from sluice.types import InferRequest, InferResponse, OutputSpec
@@ -117,6 +117,9 @@ def no_leftovers() -> Any:
     before = {p.pid for p in my_children()}
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     yield
+    # the fork server outlives the event loop of the test that started it: end it here (a
+    # server process has one loop, and ends it with itself)
+    forkserver.shutdown_shared()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         left = [p for p in my_children() if p.pid not in before]

@@ -3,15 +3,18 @@ and sentences (checked against real Triton 2.51's load errors)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from sluice.backends.python.settings import (
+    DEFAULT_WORKER_ENV,
     PythonSettings,
     check_model_parameters,
     python_settings,
+    worker_env,
 )
 from sluice.errors import InvalidArgument, Status, Unsupported
 
@@ -25,6 +28,7 @@ def test_defaults() -> None:
         30.0,
     )
     assert s.shm_prefix == "sl"
+    assert s.worker_start == ("forkserver" if sys.platform.startswith("linux") else "spawn")
 
 
 def test_values_are_read() -> None:
@@ -35,6 +39,7 @@ def test_values_are_read() -> None:
             "stub-timeout-seconds": "7",
             "shm-region-prefix-name": "blue_",
             "execution-env-cache": "/tmp/envs",
+            "worker-start": "spawn",
             "thread-pool-size": "4",  # Triton's, meaningless here: ignored
             "no-such-key": "1",  # Triton ignores keys it does not know
         }
@@ -44,6 +49,8 @@ def test_values_are_read() -> None:
     assert s.stub_timeout == 7.0
     assert s.shm_prefix == "blue_"
     assert s.cache_dir == Path("/tmp/envs")
+    assert s.worker_start == "spawn"
+    assert python_settings({"worker-start": "forkserver"}).worker_start == "forkserver"
 
 
 @pytest.mark.parametrize(
@@ -77,6 +84,7 @@ def test_values_are_read() -> None:
             "shm-region-prefix-name 'a/b' must not contain '/' (it starts the names of "
             "shared-memory segments)",
         ),
+        ("worker-start", "fork", "worker-start 'fork' is not one of: forkserver, spawn"),
     ],
 )
 def test_bad_values(key: str, value: str, message: str) -> None:
@@ -104,3 +112,15 @@ def test_force_cpu_only_input_tensors() -> None:
     with pytest.raises(Unsupported) as info:
         check_model_parameters(_config("YES"))
     assert info.value.message == "Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: YES'"
+
+
+def test_worker_env_thread_counts() -> None:
+    cfg = mc.ModelConfig(name="m", backend="python")
+    assert worker_env(cfg) == DEFAULT_WORKER_ENV
+    assert dict(DEFAULT_WORKER_ENV) == {
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    cfg.parameters["OMP_NUM_THREADS"].string_value = "4"
+    assert dict(worker_env(cfg))["OMP_NUM_THREADS"] == "4"

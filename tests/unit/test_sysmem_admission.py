@@ -4,12 +4,21 @@ with the machine's memory given (no server, no processes started)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from sluice.host.sysmem import MachineMemory, format_size, machine_memory, parse_size
+from sluice.host.sysmem import (
+    MachineMemory,
+    format_size,
+    machine_memory,
+    parse_size,
+    tree_rss,
+)
 from sluice.repository.admission import MemoryAdmission, safety_margin
 
 MiB = 1 << 20
@@ -29,6 +38,26 @@ def test_parse_size(text: str, value: int) -> None:
 def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="K, M, G or T"):
         parse_size(text)
+
+
+def test_tree_rss_counts_the_process_and_its_descendants() -> None:
+    """As psutil sums them (RSS of the process and of every descendant); a child holding
+    64 MiB is counted, a pid that does not exist is 0."""
+    code = "import sys; b = bytearray(64 << 20); sys.stdout.write('up\\n'); sys.stdout.flush(); input()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"
+        me = psutil.Process()
+        expected = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+        got = tree_rss()
+        assert got >= 64 << 20
+        assert abs(got - expected) < 8 << 20, (got, expected)  # this process moves a little
+        assert tree_rss(child.pid) >= 64 << 20
+    finally:
+        child.communicate("", timeout=30)
+    assert tree_rss(2**22 + 1) == 0  # above any pid_max
 
 
 def test_format_size() -> None:

@@ -115,6 +115,8 @@ class Server:
                 self._bridge = started.result()
             except ServerError as exc:
                 thread.join()
+                if not _started:
+                    _stop_fork_server()
                 raise from_server_error(exc) from None
             except BaseException:  # interrupted (Ctrl-C) while it starts: stop what started
                 while thread.is_alive():
@@ -125,6 +127,7 @@ class Server:
                     thread.join(0.1)
                 raise
             _running.add(self)
+            _started.add(self)
         if wait_until_ready:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not self.ready():
@@ -149,6 +152,9 @@ class Server:
                 bridge.thread.join()
             self._bridge = None
             _running.discard(self)
+            _started.discard(self)
+        if not _started:
+            _stop_fork_server()
 
     async def async_start(
         self,
@@ -162,8 +168,11 @@ class Server:
         try:
             core, handler = await _bring_up(self.config)
         except ServerError as exc:
+            if not _started:
+                await asyncio.to_thread(_stop_fork_server)
             raise from_server_error(exc) from None
         self._bridge = Bridge(core, asyncio.get_running_loop(), None, handler)
+        _started.add(self)
         if wait_until_ready:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not await self.async_ready():
@@ -182,6 +191,9 @@ class Server:
             return
         self._bridge = None
         await _bring_down(bridge)
+        _started.discard(self)
+        if not _started:
+            await asyncio.to_thread(_stop_fork_server)
 
     def __enter__(self) -> Server:
         # start() returns once the start-up models are loaded (or raises): no readiness
@@ -434,6 +446,17 @@ async def _home_main(config: ServerConfig, started: concurrent.futures.Future[Br
 # servers started synchronously and not stopped yet: stopped at interpreter exit (their
 # threads are daemons, which would otherwise die with workers and segments left behind)
 _running: weakref.WeakSet[Server] = weakref.WeakSet()
+# every server of this process started and not stopped (on its own thread or a caller's loop)
+_started: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+def _stop_fork_server() -> None:
+    """The python workers' fork server is the process's own (one for every server in it):
+    once no in-process server runs, it is stopped too, so a ``with`` block leaves no process
+    behind (the next start starts a new one)."""
+    from ..backends.python.forkserver import shutdown_shared
+
+    shutdown_shared(wait=5.0)
 
 
 @atexit.register

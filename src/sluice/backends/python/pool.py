@@ -1,8 +1,12 @@
 """The event-loop side of one worker process: start, call, restart on death, stop.
 
 Rules of this file:
-- Workers are spawned (never forked: the server runs gRPC threads), by ``envprocess``: a
-  worker never imports the server's ``__main__`` (a program embedding the server included).
+- Workers are forked by the fork server (``forkserver``: a pre-warmed process of its own,
+  so the server, which runs gRPC threads, never forks) when the instance was given one and
+  it serves this worker (the server's interpreter, the default thread variables); else, or
+  when it cannot, they are started with the ``spawn`` context (or an execution
+  environment's interpreter); a spawned worker, like the fork server, never imports the
+  server's ``__main__`` (``envprocess``: a program embedding the server included).
 - Replies are read when the pipe is readable (``loop.add_reader``), never by polling and never
   with a thread per request; futures are matched to replies by message id.
 - Process death is seen through the process sentinel (and pipe EOF). Every in-flight future
@@ -32,6 +36,7 @@ from typing import Any
 
 from ...errors import ServerError, Status, WorkerLost
 from .envprocess import env_process, own_process
+from .forkserver import ForkedProcess, ForkServer
 from .messages import (
     AutoCompleteReply,
     BlsCall,
@@ -112,9 +117,16 @@ class WorkerClient:
     """
 
     def __init__(
-        self, setup: WorkerSetup, label: str, *, stop_timeout: float = 5.0, restart: bool = True
+        self,
+        setup: WorkerSetup,
+        label: str,
+        *,
+        stop_timeout: float = 5.0,
+        restart: bool = True,
+        fork_server: ForkServer | None = None,
     ) -> None:
         self.setup = setup
+        self.fork_server = fork_server  # None: every worker of this instance is spawned
         self.label = label
         self.stop_timeout = stop_timeout
         self.restart = restart
@@ -146,8 +158,14 @@ class WorkerClient:
             return None
         try:
             return int(child.proc.pid)
-        except ValueError:  # already closed
+        except (ValueError, TypeError):  # already closed
             return None
+
+    @property
+    def forked(self) -> bool:
+        """The running worker was forked by the fork server (not spawned)."""
+        child = self._child
+        return child is not None and isinstance(child.proc, ForkedProcess)
 
     @property
     def ready(self) -> bool:
@@ -292,14 +310,12 @@ class WorkerClient:
     async def _spawn(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         parent_rx, child_tx, child_rx, parent_tx = _pipes()
-        proc = _process_class(self.exec_env)(
-            target=worker_main,
-            args=(child_rx, child_tx, self.setup),
-            name=f"sluice-{self.setup.instance_name}",
-            daemon=True,
-        )
         try:
-            proc.start()
+            proc = await self._new_process(child_rx, child_tx)
+        except BaseException:
+            parent_rx.close()
+            parent_tx.close()
+            raise
         finally:
             # Only the worker may hold its ends: its death then reads as EOF here, and
             # ours closing (the server died) reads as EOF there.
@@ -334,6 +350,21 @@ class WorkerClient:
         child.ready = True
         self._served = True
         self._start_failures = 0
+
+    async def _new_process(self, child_rx: Connection, child_tx: Connection) -> Any:
+        """The worker process, started: forked by the fork server where it serves this
+        worker, else spawned."""
+        name = f"sluice-{self.setup.instance_name}"
+        server = self.fork_server
+        if server is not None and self.exec_env is None and server.serves(self.setup):
+            proc = await server.start_worker(child_rx, child_tx, self.setup, name)
+            if proc is not None:
+                return proc
+        proc = _process_class(self.exec_env)(
+            target=worker_main, args=(child_rx, child_tx, self.setup), name=name, daemon=True
+        )
+        proc.start()
+        return proc
 
     def _on_readable(self, child: _Child) -> None:
         try:

@@ -62,6 +62,7 @@ from ..batching import instance_names
 from .bls import BlsCalls
 from .environments import ENV_PATH_PARAM, EnvError, ExecutionEnv
 from .environments import prepare as prepare_env
+from .forkserver import shared as shared_fork_server
 from .messages import (
     OK,
     Cancel,
@@ -78,7 +79,13 @@ from .messages import (
 from .messages import RESCHEDULED as RESCHEDULED_CODE
 from .metric_calls import MetricCalls
 from .pool import WorkerClient, run_auto_complete
-from .settings import PythonSettings, check_model_parameters, python_settings
+from .settings import (
+    DEFAULT_WORKER_ENV,
+    PythonSettings,
+    check_model_parameters,
+    python_settings,
+    worker_env,
+)
 from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
 
 __all__ = ["PythonBackend", "PythonInstance", "model_config_json"]
@@ -96,7 +103,6 @@ _STATUS_OF_CODE = {
 }
 # Triton's limit for one user-defined is_ready() answer (kUserModelReadinessTimeoutMs)
 READY_CHECK_TIMEOUT_S = 5.0
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _instance_serial = itertools.count(1)
 
 
@@ -129,15 +135,6 @@ def _model_file(spec: ModelSpec) -> Path:
     return spec.version_dir / (spec.config.default_model_filename or "model.py")
 
 
-def _worker_env(config: mc.ModelConfig) -> tuple[tuple[str, str], ...]:
-    """Thread counts for the worker: 1 unless the config's ``parameters`` say otherwise."""
-    env = []
-    for var in _THREAD_VARS:
-        param = config.parameters.get(var) if var in config.parameters else None
-        env.append((var, param.string_value if param is not None else "1"))
-    return tuple(env)
-
-
 def _setup(
     spec: ModelSpec, name: str, kind: str, device: int, mode: str, settings: PythonSettings
 ) -> WorkerSetup:
@@ -155,7 +152,7 @@ def _setup(
         # no prefix of another instance's (the closing '_'): unlink_prefix of instance 1
         # must not remove the segments of instances 10-19 while they serve
         shm_prefix=f"{settings.shm_prefix}{os.getpid()}_{next(_instance_serial)}_",
-        env=_worker_env(spec.config),
+        env=worker_env(spec.config),
         mode=mode,
         shm_default_byte_size=settings.shm_default_byte_size,
         shm_growth_byte_size=settings.shm_growth_byte_size,
@@ -252,10 +249,12 @@ class PythonInstance:
         except ServerError as exc:
             self._settings, self._bad_settings = PythonSettings(), exc
         self._setup = _setup(spec, name, kind, device_id, "serve", self._settings)
+        forking = self._settings.worker_start == "forkserver"
         self.worker = WorkerClient(
             self._setup,
             label=f"python model '{spec.name}' version {spec.version} instance '{name}'",
             stop_timeout=stop_timeout,
+            fork_server=shared_fork_server(DEFAULT_WORKER_ENV) if forking else None,
         )
         self._execute_timeout = execute_timeout(spec)
         self._inputs = ArenaWriter(

@@ -11,8 +11,14 @@ Rules of this file:
   ``shm-default-byte-size`` and grow in multiples of ``shm-growth-byte-size``; every
   segment's name starts with ``shm-region-prefix-name``; ``stub-timeout-seconds`` bounds how
   long an execution environment's interpreter may take to start and answer.
-- sluice's own key: ``execution-env-cache=DIR``, where archives named by
-  ``EXECUTION_ENV_PATH`` are unpacked (default ``~/.cache/sluice/python-envs``).
+- sluice's own keys: ``execution-env-cache=DIR``, where archives named by
+  ``EXECUTION_ENV_PATH`` are unpacked (default ``~/.cache/sluice/python-envs``), and
+  ``worker-start=forkserver|spawn``: how a model's workers start (``forkserver``, the default
+  on Linux: forked from one pre-warmed process, ``forkserver.py``; ``spawn``: each a fresh
+  interpreter, the default elsewhere). Another value refuses the load, naming both.
+- A worker's thread-count variables (``THREAD_VARS``) are 1 unless the model's
+  ``parameters`` set them; only workers with the defaults can be forked (numpy read them
+  when the fork server imported it).
 - Other keys are ignored, as Triton ignores keys it does not know.
 - ``FORCE_CPU_ONLY_INPUT_TENSORS`` (model parameter) is ``yes`` or ``no``; inputs are always
   in CPU memory here, so both serve alike; another value refuses the load (Triton's text).
@@ -20,6 +26,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +34,25 @@ from typing import Any
 from ...errors import InvalidArgument, Unsupported
 from .environments import default_cache_dir
 
-__all__ = ["PythonSettings", "python_settings", "check_model_parameters", "DEFAULT_SHM_PREFIX"]
+__all__ = [
+    "PythonSettings",
+    "python_settings",
+    "check_model_parameters",
+    "worker_env",
+    "DEFAULT_SHM_PREFIX",
+    "DEFAULT_WORKER_ENV",
+    "THREAD_VARS",
+    "WORKER_STARTS",
+]
 
 MIB = 1 << 20
 DEFAULT_SHM_PREFIX = "sl"
 DEFAULT_STUB_TIMEOUT = 30.0  # Triton's default
 ARENA_STEP = 1 << 16  # arenas grow in 64 KiB steps unless shm-growth-byte-size says
+WORKER_STARTS = ("forkserver", "spawn")
+DEFAULT_WORKER_START = "forkserver" if sys.platform.startswith("linux") else "spawn"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+DEFAULT_WORKER_ENV = tuple((var, "1") for var in THREAD_VARS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +62,7 @@ class PythonSettings:
     stub_timeout: float = DEFAULT_STUB_TIMEOUT
     shm_prefix: str = DEFAULT_SHM_PREFIX
     env_cache: Path | None = None  # None: default_cache_dir()
+    worker_start: str = DEFAULT_WORKER_START
 
     @property
     def cache_dir(self) -> Path:
@@ -94,7 +115,20 @@ def python_settings(settings: dict[str, str]) -> PythonSettings:
     cache = settings.get("execution-env-cache")
     if cache:
         out["env_cache"] = Path(cache).expanduser()
+    start = settings.get("worker-start")
+    if start is not None:
+        if start not in WORKER_STARTS:
+            raise InvalidArgument(
+                f"worker-start '{start}' is not one of: {', '.join(WORKER_STARTS)}"
+            )
+        out["worker_start"] = start
     return PythonSettings(**out)
+
+
+def worker_env(config: Any) -> tuple[tuple[str, str], ...]:
+    """Thread counts for a model's workers: 1 unless its ``parameters`` say otherwise."""
+    params = config.parameters
+    return tuple((var, params[var].string_value if var in params else "1") for var in THREAD_VARS)
 
 
 def check_model_parameters(config: Any) -> None:

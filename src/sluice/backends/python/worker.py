@@ -4,7 +4,9 @@ Rules of this file:
 - A plain blocking loop: receive a message, answer it. No asyncio, no threads, nothing about
   HTTP or gRPC.
 - Top-level imports stay light (no numpy): the thread-count variables in ``WorkerSetup.env``
-  are set before numpy (and so OpenBLAS / OpenMP) is first imported.
+  are set before numpy (and so OpenBLAS / OpenMP) is first imported. (A worker forked by the
+  fork server, ``zygote.py``, finds numpy imported there with the default variables: only
+  workers with those are forked.)
 - A model's failure never kills the loop: an exception in ``execute`` becomes an error for
   every request of that batch; a bad response becomes an error for its request.
 - A model's ``is_ready()`` runs on a thread of its own (started only for models that define
@@ -106,7 +108,8 @@ def _import_model(setup: WorkerSetup) -> Any:
 
 
 def worker_main(rx: Connection, tx: Connection, setup: WorkerSetup) -> None:
-    """Entry point of the spawned process: ``rx`` brings messages, ``tx`` takes replies.
+    """Entry point of the worker process (spawned, or forked by the fork server): ``rx``
+    brings messages, ``tx`` takes replies.
 
     Two one-way pipes rather than one duplex socketpair: a pipe round trip is ~10-20 us
     cheaper (measured with uvloop on the 2-core dev box).
