@@ -1,0 +1,217 @@
+"""Latency-target batching (sluice's; Triton has none): the dynamic batcher's window steered
+from what it measures, so that p99 stays under a target while batches grow under load.
+
+Opt in per model with a config parameter (Triton's protobuf parses it; Triton ignores it)::
+
+    dynamic_batching { max_queue_delay_microseconds: 500 }   # the window it starts from
+    parameters { key: "latency_target_us" value { string_value: "20000" } }
+
+Rules of this file (pure decisions, no asyncio: the scheduler feeds it and applies the window):
+- A request's latency here is its time in the server up to the end of its execution: from its
+  arrival (or its enqueue, where the arrival is not known) to the end of the batch that ran
+  it, i.e. the queue and compute times the statistics report, plus the front-end's parse.
+- Decisions are made per epoch of ``EPOCH`` finished requests (p99 of 100 is their second
+  largest). An epoch ends early when more than ``EPOCH // 100`` of its requests already
+  exceed the target: its p99 is over the target whatever the rest.
+- The controller aims at ``AIM`` of the target (the margin absorbs what the next epoch does
+  differently). At an epoch's end, in this order:
+  1. p99 over the aim: the window shrinks by the excess (the window is the part of the
+     latency the batcher controls); over the target itself, to at most half.
+  2. Else, when the batches the window closed (not full, not a preferred size, nothing left
+     queued behind them) sat idle for more than half the window after their last request
+     came (the median of those idle tails), the window is longer than the arrivals need:
+     it shrinks by that median (at one request at a time it reaches ~0 in one epoch).
+  3. Else it grows when there is headroom and the queue builds: p99 under the aim, at least
+     half the epoch's requests arrived while others were queued or executing, and the
+     batches the window closed were still gathering requests in its last quarter (median
+     idle tail <= window / 4; at window 0 every such batch counts). It grows by half
+     itself, at least ``AIM``/32 of the target, at most the headroom (aim - p99), so that
+     one step cannot carry p99 past the aim. Epochs whose batches all filled leave it.
+- The window never exceeds the budget: aim minus the longest execution of the epoch (the
+  window and one batch's compute must fit in the aim); never negative.
+- The window starts at the config's ``max_queue_delay_microseconds`` (within the budget).
+  Without the parameter nothing here runs and the batcher is Triton's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import InvalidArgument
+from .policy import Job, window_start
+
+__all__ = [
+    "AIM",
+    "EPOCH",
+    "LATENCY_TARGET_PARAM",
+    "WindowController",
+    "latency_target_us",
+]
+
+LATENCY_TARGET_PARAM = "latency_target_us"
+EPOCH = 100  # finished requests per decision
+AIM = 0.8  # the share of the target the p99 is steered to at most
+_GROW_MIN = 32  # the smallest growth step is aim / _GROW_MIN
+
+
+def latency_target_us(config: mc.ModelConfig) -> int | None:
+    """The config's ``latency_target_us`` parameter (None: absent). A value that is not a
+    positive integer raises InvalidArgument naming the parameter."""
+    params = config.parameters
+    if LATENCY_TARGET_PARAM not in params:
+        return None
+    text = params[LATENCY_TARGET_PARAM].string_value.strip()
+    try:
+        us = int(text)
+    except ValueError:
+        us = 0
+    if us <= 0:
+        raise InvalidArgument(
+            f"parameter '{LATENCY_TARGET_PARAM}' must be a positive integer number of "
+            f"microseconds (the p99 target), got '{text}'"
+        )
+    return us
+
+
+class WindowController:
+    """The window of one model version's dynamic batcher. The scheduler calls ``arrived`` per
+    request, ``dispatched`` per batch it starts, ``finished`` per batch that ends (True when
+    the window changed: then it applies ``window_ns``).
+
+    Usage::
+
+        ctl = WindowController(20_000_000, 500_000, max_batch_size=8, preferred=frozenset({8}))
+        ctl.arrived(busy=True)
+        ctl.dispatched(jobs, leftover=False, now_ns=now)
+        if ctl.finished(latencies_ns, compute_ns):
+            policy = replace(policy, max_delay_ns=ctl.window_ns)
+    """
+
+    __slots__ = (
+        "target_ns",
+        "aim_ns",
+        "window_ns",
+        "max_batch_size",
+        "preferred",
+        "decisions",
+        "last_decision",
+        "_latencies",
+        "_over",
+        "_compute_max",
+        "_arrivals",
+        "_busy",
+        "_tails",
+    )
+
+    def __init__(
+        self,
+        target_ns: int,
+        start_ns: int,
+        *,
+        max_batch_size: int,
+        preferred: frozenset[int] = frozenset(),
+    ) -> None:
+        self.target_ns = target_ns
+        self.aim_ns = int(target_ns * AIM)
+        self.window_ns = max(0, min(start_ns, self.aim_ns))
+        self.max_batch_size = max_batch_size
+        self.preferred = preferred
+        self.decisions = 0  # epochs ended
+        self.last_decision = "start"  # what the last epoch decided, and why (logs, tests)
+        self._latencies: list[int] = []
+        self._over = 0  # latencies over the target in this epoch
+        self._compute_max = 0
+        self._arrivals = 0
+        self._busy = 0  # arrivals that found others queued or executing
+        self._tails: list[int] = []  # idle tails of the batches the window closed
+
+    # ------------------------------------------------------------------ measure
+    def arrived(self, busy: bool) -> None:
+        """A request was queued; ``busy``: others were queued or executing already."""
+        self._arrivals += 1
+        if busy:
+            self._busy += 1
+
+    def dispatched(self, jobs: list[Job], leftover: bool, now_ns: int) -> None:
+        """A batch of ``jobs`` starts at ``now_ns``; ``leftover``: jobs stay queued behind it
+        (it was cut by size, shape or a preferred size, not by its window)."""
+        if leftover:
+            return
+        total = 0
+        last = 0
+        for job in jobs:
+            total += job.batch_size
+            if job.enqueue_ns > last:
+                last = job.enqueue_ns
+        if total >= self.max_batch_size or total in self.preferred:
+            return
+        # how long before the window's end the last request came (0: it came at or after it)
+        deadline = window_start(jobs[0], len(jobs)) + self.window_ns
+        self._tails.append(max(0, min(deadline, now_ns) - last))
+
+    def finished(self, latencies: Iterable[int], compute_ns: int) -> bool:
+        """A batch ended: its requests' latencies and its execution time. True when an epoch
+        ended and moved the window."""
+        target = self.target_ns
+        for ns in latencies:
+            self._latencies.append(ns)
+            if ns > target:
+                self._over += 1
+        if compute_ns > self._compute_max:
+            self._compute_max = compute_ns
+        n = len(self._latencies)
+        if n >= EPOCH or self._over > EPOCH // 100:
+            return self._decide()
+        return False
+
+    # ------------------------------------------------------------------ decide
+    def _decide(self) -> bool:
+        lat = sorted(self._latencies)
+        n = len(lat)
+        p99 = lat[min(n - 1, -(-99 * n // 100) - 1)]  # nearest rank
+        aim = self.aim_ns
+        w = self.window_ns
+        tails = sorted(self._tails)
+        tail = tails[(len(tails) - 1) // 2] if tails else -1  # lower median; -1: none
+        if p99 > aim:
+            new = max(0, w - (p99 - aim))
+            if p99 > self.target_ns:
+                new = min(new, w // 2)
+            why = f"shrink: p99 {p99 // 1000} us over the aim {aim // 1000} us"
+        elif tail >= 0 and tail * 2 > w:
+            new = w - tail
+            why = f"shrink: the window's batches sat idle a median {tail // 1000} us"
+        elif tail >= 0 and tail * 4 <= w and self._busy * 2 >= self._arrivals > 0:
+            step = max(w // 2, aim // _GROW_MIN)
+            new = w + min(step, aim - p99)
+            why = f"grow: p99 {p99 // 1000} us under the aim {aim // 1000} us, queue building"
+        else:
+            new = w
+            why = "hold"
+        budget = max(0, aim - self._compute_max)
+        if new > budget:
+            new = budget
+            why += f" (capped: aim - longest execution {self._compute_max // 1000} us)"
+        self.decisions += 1
+        self.last_decision = why
+        self._latencies.clear()
+        self._tails.clear()
+        self._over = self._compute_max = self._arrivals = self._busy = 0
+        changed = new != w
+        self.window_ns = new
+        return changed
+
+    def snapshot(self) -> dict[str, Any]:
+        """The epoch so far (for tests and logs)."""
+        return {
+            "window_ns": self.window_ns,
+            "samples": len(self._latencies),
+            "over": self._over,
+            "arrivals": self._arrivals,
+            "busy": self._busy,
+            "tails": list(self._tails),
+            "compute_max_ns": self._compute_max,
+        }
