@@ -123,9 +123,9 @@ def test_headroom_and_a_building_queue_grow_the_window() -> None:
     for _ in range(4):
         assert epoch(c, 2 * MS)
         windows.append(c.window_ns)
-    # from 0 by aim / 32 = 250 us, then by half itself (at least 250 us)
-    assert windows == [250_000, 500_000, 750_000, 1_125_000]
-    assert c.last_decision.startswith("grow: p99 2000 us under the aim 8000 us")
+    # from 0 by 100 us, then by half itself (at least 100 us)
+    assert windows == [100_000, 200_000, 300_000, 450_000]
+    assert c.last_decision == "grow: p99 2000 us, aim 8000 us, queue building"
 
 
 def test_growth_is_at_most_the_headroom_and_the_budget() -> None:
@@ -134,8 +134,8 @@ def test_growth_is_at_most_the_headroom_and_the_budget() -> None:
     assert c.window_ns == 2_100_000  # + 1 ms asked, 0.1 ms of headroom
     c = ctl(10, 2)
     assert epoch(c, 3 * MS, compute=7_500_000)
-    assert c.window_ns == 500_000  # aim 8 ms - the longest execution 7.5 ms
-    assert c.last_decision.endswith("(capped: aim - longest execution 7500 us)")
+    assert c.window_ns == 500_000  # aim 8 ms - the median execution 7.5 ms
+    assert c.last_decision.endswith("(capped: aim - median execution 7500 us)")
     # the budget holds whatever the decision: a long execution caps a window it kept
     c = ctl(10, 4)
     assert epoch(c, 3 * MS, compute=6 * MS, busy=False, tail=1 * MS)
@@ -164,3 +164,55 @@ def test_batches_cut_by_size_preference_or_a_queue_behind_them_have_no_tail() ->
     c.dispatched([job(500_000, arrival=100_000)], leftover=False, now_ns=2_100_000)
     c.dispatched([job(0), job(3 * MS)], leftover=False, now_ns=3 * MS)
     assert c.snapshot()["tails"] == [1_600_000, 0]
+
+
+def mixed_epoch(c: WindowController, late: int) -> None:
+    """EPOCH one-request batches, busy: ``late`` of them taken by a freed instance long after
+    their window, the rest closed by their window after waiting all of it alone."""
+    for i in range(EPOCH):
+        c.arrived(True)
+        w = c.window_ns
+        c.dispatched([job(0)], leftover=False, now_ns=w + 5 * MS if i < late else w, freed=i < late)
+        c.finished([2 * MS], MS)
+
+
+def test_late_batches_grow_the_window_to_merge_the_cohorts_an_instance_splits() -> None:
+    c = ctl(10, 0.2)
+    mixed_epoch(c, late=60)
+    assert c.window_ns == 300_000  # idle tails, but most batches waited for the instance
+    assert (
+        c.last_decision == "grow: p99 2000 us, aim 8000 us, queue building, 60 of 100 batches late"
+    )
+    c = ctl(10, 0.2)
+    mixed_epoch(c, late=40)
+    assert c.window_ns == 0  # most were closed by the window, which they waited out alone
+    assert c.last_decision == "shrink: the window's batches sat idle a median 200 us"
+
+
+def test_over_the_aim_late_batches_still_grow_it_and_no_early_end_cuts_that_short() -> None:
+    # overloaded: every request over the target, most batches waited for the instance
+    c = ctl(10, 1)
+    for i in range(EPOCH):
+        c.arrived(True)
+        w = c.window_ns
+        if i % 4 == 3:  # a quarter closed by the window, the last request at its end
+            c.dispatched([job(0), job(w)], leftover=False, now_ns=w)
+        else:
+            c.dispatched([job(0)], leftover=False, now_ns=w + 5 * MS, freed=True)
+        c.finished([12 * MS], MS)
+        assert c.decisions == (1 if i == EPOCH - 1 else 0)
+    assert c.window_ns == 1_500_000  # by half itself, not by the (absent) headroom
+    assert (
+        c.last_decision == "grow: p99 12000 us, aim 8000 us, queue building, 75 of 100 batches late"
+    )
+    c = ctl(10, 0)  # at window 0 there is nothing to shorten: the epoch runs its length
+    assert not epoch(c, 12 * MS, n=EPOCH - 1)
+
+
+def test_the_budget_takes_the_median_execution_not_one_slow_one() -> None:
+    c = ctl(10, 2)
+    for i in range(EPOCH):
+        c.arrived(True)
+        c.dispatched([job(0), job(c.window_ns)], leftover=False, now_ns=c.window_ns)
+        c.finished([3 * MS], 7_500_000 if i == 0 else MS)  # one execution slowed
+    assert c.window_ns == 3 * MS  # grown by half itself; the budget is 8 - 1 ms

@@ -12,23 +12,36 @@ Rules of this file (pure decisions, no asyncio: the scheduler feeds it and appli
   it, i.e. the queue and compute times the statistics report, plus the front-end's parse.
 - Decisions are made per epoch of ``EPOCH`` finished requests (p99 of 100 is their second
   largest). An epoch ends early when more than ``EPOCH // 100`` of its requests already
-  exceed the target: its p99 is over the target whatever the rest.
+  exceed the target (its p99 is over the target whatever the rest) and there is a window to
+  shrink (above 0, its batches not mostly late: see below).
 - The controller aims at ``AIM`` of the target (the margin absorbs what the next epoch does
-  differently). At an epoch's end, in this order:
-  1. p99 over the aim: the window shrinks by the excess (the window is the part of the
-     latency the batcher controls); over the target itself, to at most half.
-  2. Else, when the batches the window closed (not full, not a preferred size, nothing left
-     queued behind them) sat idle for more than half the window after their last request
-     came (the median of those idle tails), the window is longer than the arrivals need:
-     it shrinks by that median (at one request at a time it reaches ~0 in one epoch).
-  3. Else it grows when there is headroom and the queue builds: p99 under the aim, at least
-     half the epoch's requests arrived while others were queued or executing, and the
-     batches the window closed were still gathering requests in its last quarter (median
-     idle tail <= window / 4; at window 0 every such batch counts). It grows by half
-     itself, at least ``AIM``/32 of the target, at most the headroom (aim - p99), so that
-     one step cannot carry p99 past the aim. Epochs whose batches all filled leave it.
-- The window never exceeds the budget: aim minus the longest execution of the epoch (the
-  window and one batch's compute must fit in the aim); never negative.
+  differently). The batches it learns from are those neither full, nor cut at a preferred
+  size, nor with requests left queued behind them: the batches a window closes. Each is
+  either *closed by its window* (an instance was idle: it went when its window ended, or at
+  once with window 0), with an *idle tail*, how long before the window's end its last
+  request came; or *late*: it went when an instance freed, its window long over (the
+  instance, not the window, held it: a small batch split from the cohort that was executing).
+  At an epoch's end, in this order:
+  1. p99 over the aim, most such batches closed by their window: the window shrinks by the
+     excess (the window is the part of the latency the batcher controls); over the target
+     itself, to at most half.
+  2. Else, when most such batches were closed by their window and they sat idle for more
+     than half the window after their last request came (the median idle tail), the window
+     is longer than the arrivals need: it shrinks by that median (one request at a time: to
+     ~0 in one epoch).
+  3. Else it grows when the queue builds (at least half the epoch's requests arrived while
+     others were queued or executing) and either most such batches were late, or they were
+     still gathering requests in the window's last quarter (median idle tail <= window / 4;
+     at window 0 every batch closed by it counts). It grows by half itself, at least
+     ``GROW_MIN_NS`` (from 0: 100, 150, 225 us...), and with p99 under the aim by at most
+     the headroom (aim - p99), so that one step cannot carry p99 past the aim. With p99
+     over the aim only late batches grow it: their wait is the instance's queue, which a
+     shorter window does not shorten, and a longer one merges the cohorts the instance
+     splits (fewer, fuller executions: the queue drains faster).
+     Epochs whose batches all filled leave it.
+- The window never exceeds the budget: aim minus the epoch's median execution time (a request
+  that waits the whole window and then executes in a typical batch must fit in the aim; an
+  execution slowed by a busy machine is left to the p99 rule); never negative.
 - The window starts at the config's ``max_queue_delay_microseconds`` (within the budget).
   Without the parameter nothing here runs and the batcher is Triton's.
 """
@@ -46,6 +59,7 @@ from .policy import Job, window_start
 __all__ = [
     "AIM",
     "EPOCH",
+    "GROW_MIN_NS",
     "LATENCY_TARGET_PARAM",
     "WindowController",
     "latency_target_us",
@@ -54,7 +68,7 @@ __all__ = [
 LATENCY_TARGET_PARAM = "latency_target_us"
 EPOCH = 100  # finished requests per decision
 AIM = 0.8  # the share of the target the p99 is steered to at most
-_GROW_MIN = 32  # the smallest growth step is aim / _GROW_MIN
+GROW_MIN_NS = 100_000  # the smallest growth step: about one request's hop through the server
 
 
 def latency_target_us(config: mc.ModelConfig) -> int | None:
@@ -85,7 +99,7 @@ class WindowController:
 
         ctl = WindowController(20_000_000, 500_000, max_batch_size=8, preferred=frozenset({8}))
         ctl.arrived(busy=True)
-        ctl.dispatched(jobs, leftover=False, now_ns=now)
+        ctl.dispatched(jobs, leftover=False, now_ns=now, freed=False)
         if ctl.finished(latencies_ns, compute_ns):
             policy = replace(policy, max_delay_ns=ctl.window_ns)
     """
@@ -100,10 +114,11 @@ class WindowController:
         "last_decision",
         "_latencies",
         "_over",
-        "_compute_max",
+        "_computes",
         "_arrivals",
         "_busy",
         "_tails",
+        "_late",
     )
 
     def __init__(
@@ -123,10 +138,11 @@ class WindowController:
         self.last_decision = "start"  # what the last epoch decided, and why (logs, tests)
         self._latencies: list[int] = []
         self._over = 0  # latencies over the target in this epoch
-        self._compute_max = 0
+        self._computes: list[int] = []  # execution times of the epoch's batches
         self._arrivals = 0
         self._busy = 0  # arrivals that found others queued or executing
         self._tails: list[int] = []  # idle tails of the batches the window closed
+        self._late = 0  # batches a freed instance took, their window long over
 
     # ------------------------------------------------------------------ measure
     def arrived(self, busy: bool) -> None:
@@ -135,9 +151,10 @@ class WindowController:
         if busy:
             self._busy += 1
 
-    def dispatched(self, jobs: list[Job], leftover: bool, now_ns: int) -> None:
+    def dispatched(self, jobs: list[Job], leftover: bool, now_ns: int, freed: bool = False) -> None:
         """A batch of ``jobs`` starts at ``now_ns``; ``leftover``: jobs stay queued behind it
-        (it was cut by size, shape or a preferred size, not by its window)."""
+        (it was cut by size, shape or a preferred size, not by its window); ``freed``: it
+        starts because an instance's execution ended (its window had ended before)."""
         if leftover:
             return
         total = 0
@@ -147,6 +164,9 @@ class WindowController:
             if job.enqueue_ns > last:
                 last = job.enqueue_ns
         if total >= self.max_batch_size or total in self.preferred:
+            return
+        if freed:
+            self._late += 1
             return
         # how long before the window's end the last request came (0: it came at or after it)
         deadline = window_start(jobs[0], len(jobs)) + self.window_ns
@@ -160,10 +180,11 @@ class WindowController:
             self._latencies.append(ns)
             if ns > target:
                 self._over += 1
-        if compute_ns > self._compute_max:
-            self._compute_max = compute_ns
-        n = len(self._latencies)
-        if n >= EPOCH or self._over > EPOCH // 100:
+        self._computes.append(compute_ns)
+        if len(self._latencies) >= EPOCH:
+            return self._decide()
+        # already over p99 of an epoch: decide now where the window is what to shorten
+        if self._over > EPOCH // 100 and self.window_ns and self._late <= len(self._tails):
             return self._decide()
         return False
 
@@ -175,31 +196,38 @@ class WindowController:
         aim = self.aim_ns
         w = self.window_ns
         tails = sorted(self._tails)
-        tail = tails[(len(tails) - 1) // 2] if tails else -1  # lower median; -1: none
-        if p99 > aim:
+        tail = tails[(len(tails) - 1) // 2] if tails else 0  # lower median
+        closed, late = len(tails), self._late
+        mostly_late = late > closed
+        if p99 > aim and not mostly_late:
             new = max(0, w - (p99 - aim))
             if p99 > self.target_ns:
                 new = min(new, w // 2)
             why = f"shrink: p99 {p99 // 1000} us over the aim {aim // 1000} us"
-        elif tail >= 0 and tail * 2 > w:
+        elif closed and not mostly_late and tail * 2 > w:
             new = w - tail
             why = f"shrink: the window's batches sat idle a median {tail // 1000} us"
-        elif tail >= 0 and tail * 4 <= w and self._busy * 2 >= self._arrivals > 0:
-            step = max(w // 2, aim // _GROW_MIN)
-            new = w + min(step, aim - p99)
-            why = f"grow: p99 {p99 // 1000} us under the aim {aim // 1000} us, queue building"
+        elif (mostly_late or (closed and tail * 4 <= w)) and self._busy * 2 >= self._arrivals > 0:
+            step = max(w // 2, GROW_MIN_NS)
+            new = w + (min(step, aim - p99) if p99 <= aim else step)
+            why = f"grow: p99 {p99 // 1000} us, aim {aim // 1000} us, queue building" + (
+                f", {late} of {late + closed} batches late" if mostly_late else ""
+            )
         else:
             new = w
             why = "hold"
-        budget = max(0, aim - self._compute_max)
+        computes = sorted(self._computes)
+        compute = computes[(len(computes) - 1) // 2] if computes else 0
+        budget = max(0, aim - compute)
         if new > budget:
             new = budget
-            why += f" (capped: aim - longest execution {self._compute_max // 1000} us)"
+            why += f" (capped: aim - median execution {compute // 1000} us)"
         self.decisions += 1
         self.last_decision = why
         self._latencies.clear()
         self._tails.clear()
-        self._over = self._compute_max = self._arrivals = self._busy = 0
+        self._computes.clear()
+        self._over = self._arrivals = self._busy = self._late = 0
         changed = new != w
         self.window_ns = new
         return changed
@@ -213,5 +241,6 @@ class WindowController:
             "arrivals": self._arrivals,
             "busy": self._busy,
             "tails": list(self._tails),
-            "compute_max_ns": self._compute_max,
+            "late": self._late,
+            "computes_ns": list(self._computes),
         }

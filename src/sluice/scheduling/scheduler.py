@@ -116,6 +116,7 @@ class Scheduler:
         )
         # latency_target_us: the window steered from the measured times (None: Triton's)
         self._window: WindowController | None = None
+        self._freed = False  # (with a window) the next dispatch follows a batch's end
         try:  # (checked at load by model_config.validate; here for schedulers built alone)
             target_us = latency_target_us(config)
         except InvalidArgument as exc:
@@ -242,6 +243,8 @@ class Scheduler:
     def _dispatch(self) -> None:
         if self._has_timeouts and self._queued:
             self._expire(time.monotonic_ns())
+        freed = self._freed
+        self._freed = False
         while self._idle and self._queued:
             now = time.monotonic_ns()
             n, wait_until = take_batch(self._queues, self.policy, now)
@@ -254,7 +257,7 @@ class Scheduler:
                 break
             jobs = self._pop(n)
             if self._window is not None:
-                self._window.dispatched(jobs, self._queued > 0, now)
+                self._window.dispatched(jobs, self._queued > 0, now, freed)
             self._start(jobs, inst)
         if self._idle and not self._queued and self._delayed:
             inst = self._acquire()
@@ -467,6 +470,7 @@ class Scheduler:
         to the window controller, and its window into the policy when it moved."""
         window = self._window
         assert window is not None
+        self._freed = True
         end = time.monotonic_ns()
         latencies = [
             end - (j.arrival_ns if 0 < j.arrival_ns < j.enqueue_ns else j.enqueue_ns) for j in jobs
