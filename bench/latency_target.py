@@ -1,7 +1,7 @@
 """Latency-target batching against a fixed batch window, on one server, real perf_analyzer.
 
     .venv/bin/python bench/latency_target.py [--concurrency 1 4 16 32] [--rounds 3]
-        [--fixed-us 1000] [--target-us 10000] [--interval 2000] [--protocol grpc]
+        [--fixed-us 1000] [--target-us 20000] [--interval 2000] [--protocol grpc]
 
 One ``sluice serve`` process serves two copies of the same python model (generated here,
 seeded weights): ``relu(x @ W1[256x6144]) @ W2[6144x16]`` in numpy, the batch padded to
@@ -133,7 +133,7 @@ def main() -> int:
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 32])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--fixed-us", dest="fixed", type=int, default=1000)
-    p.add_argument("--target-us", dest="target", type=int, default=10000)
+    p.add_argument("--target-us", dest="target", type=int, default=20000)
     p.add_argument("--interval", type=int, default=2000, help="perf_analyzer -p (ms)")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     args = p.parse_args()

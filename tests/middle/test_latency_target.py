@@ -13,7 +13,7 @@ import pytest
 from sluice.errors import InvalidArgument
 from sluice.scheduling.latency_target import EPOCH
 
-from .fakes import KEY, FakeInstance, answer, answers, batcher, request, run, stats, until
+from .fakes import KEY, FakeInstance, answer, answers, batcher, request, run, settle, stats, until
 
 
 def target(us: int) -> str:
@@ -78,8 +78,8 @@ def test_compute_over_the_target_shrinks_the_window_to_zero() -> None:
             )
             assert inst.batches == [["a", "b"]]
             assert window.decisions == 1
-            assert window.last_decision.startswith("shrink: p99 ")
             # the window and one execution must fit in the aim (8 ms): nothing is left for it
+            assert "(capped: aim - median execution " in window.last_decision
             assert window.window_ns == 0
             assert sched.policy.max_delay_ns == 0
             assert st.batch_window_us == 0.0
@@ -149,9 +149,45 @@ def test_one_request_at_a_time_shrinks_a_window_that_only_adds_latency() -> None
             assert snap["tails"] == [2_000_000] * (EPOCH - 1)
             await answer(sched.submit(request("last", 1), 1, KEY))
             assert window.decisions == 1
-            assert window.last_decision == "shrink: the window's batches sat idle a median 2000 us"
-            assert window.window_ns == 0 and st.batch_window_us == 0.0
+            assert window.last_decision == (
+                "shrink: the window's batches sat idle a median 2000 us, three quarters at "
+                "least 2000 us"
+            )
             assert inst.batches == [[f"s{i}"] for i in range(EPOCH - 1)] + [["last"]]
+            # by at most half per epoch, to 0 below the smallest step (100 us)
+            seen = [st.batch_window_us]
+            for e in range(4):
+                for i in range(EPOCH):
+                    await answer(sched.submit(request(f"e{e}_{i}", i), 1, KEY))
+                seen.append(st.batch_window_us)
+            assert seen == [1000.0, 500.0, 250.0, 125.0, 0.0]
+            assert window.decisions == 5
+        finally:
+            await sched.stop()
+
+    run(main)
+
+
+def test_a_batch_a_freed_instance_takes_after_its_window_counts_as_late() -> None:
+    async def main() -> None:
+        inst = FakeInstance()
+        sched = batcher("max_batch_size: 4 dynamic_batching {} " + target(1_000_000), inst)
+        try:
+            window = sched.window
+            assert window is not None
+            a = sched.submit(request("a", 1), 1, KEY)
+            await until(lambda: inst.waiting == 1, "a executes")
+            rest = [sched.submit(request(r, 2), 1, KEY) for r in "bc"]
+            await settle()
+            assert inst.batches == [["a"]]  # b and c wait for the instance, window long over
+            inst.release()
+            await until(lambda: len(inst.batches) == 2, "b and c execute")
+            assert inst.batches == [["a"], ["b", "c"]]
+            snap = window.snapshot()
+            # a: closed by its (zero) window, idle tail 0; [b, c]: late, not full (2 of 4)
+            assert (snap["tails"], snap["late"], snap["arrivals"], snap["busy"]) == ([0], 1, 3, 2)
+            inst.release()
+            await answers(a, *rest)
         finally:
             await sched.stop()
 

@@ -98,6 +98,15 @@ def test_p99_over_the_aim_shrinks_the_window_by_the_excess() -> None:
     assert c.last_decision.startswith("shrink: p99 9000 us over the aim 8000 us")
 
 
+def test_a_p99_the_window_cannot_account_for_leaves_the_window() -> None:
+    # p99 12 ms, aim 8: the excess (4 ms) is beyond the 2 ms window; a shorter window would
+    # only cut the batches (the rest is the machine or the instance's queue)
+    c = ctl(10, 2)
+    assert not epoch(c, 12 * MS, tail=1 * MS)  # two over the target: no early end either
+    assert c.decisions == 1 and c.window_ns == 2 * MS
+    assert c.last_decision == "hold"
+
+
 def test_two_requests_over_the_target_end_the_epoch_and_at_least_halve_the_window() -> None:
     c = ctl(10, 8)
     assert not epoch(c, 10_500_000, n=1)  # one over the target: p99 of 100 may still hold
@@ -106,15 +115,29 @@ def test_two_requests_over_the_target_end_the_epoch_and_at_least_halve_the_windo
     assert c.window_ns == 4 * MS  # 8 - 2.5 = 5.5, over the target itself: at most 8 / 2
 
 
-def test_a_window_that_outlasts_the_arrivals_shrinks_by_its_median_idle_tail() -> None:
+def test_a_window_that_outlasts_the_arrivals_shrinks_by_what_most_left_unused() -> None:
     c = ctl(10, 4)
     assert epoch(c, 5 * MS, busy=False, tail=3 * MS)
-    assert c.window_ns == 1 * MS
-    assert c.last_decision == "shrink: the window's batches sat idle a median 3000 us"
-    # one request at a time: a lone job waits its whole window, which then goes to 0
-    c = ctl(10, 2)
-    assert epoch(c, 3 * MS, busy=False, tail=2 * MS)
-    assert c.window_ns == 0
+    assert c.window_ns == 2 * MS  # 4 - 3, but by at most half
+    assert c.last_decision == (
+        "shrink: the window's batches sat idle a median 3000 us, three quarters at least 3000 us"
+    )
+    # 30 batches idle 1 ms, 70 idle 3 ms: the median (3 ms) is over half the window; it
+    # shrinks by the 1 ms that three quarters left unused, not by the median
+    c = ctl(10, 4)
+    for i in range(EPOCH):
+        c.arrived(False)
+        idle = 1 * MS if i < 30 else 3 * MS
+        c.dispatched([job(0), job(4 * MS - idle)], leftover=False, now_ns=4 * MS)
+        c.finished([5 * MS], MS)
+    assert c.window_ns == 3 * MS
+    # one request at a time: a lone job waits its whole window, which halves to 0
+    c = ctl(10, 1)
+    windows = []
+    for _ in range(4):
+        assert epoch(c, 3 * MS, busy=False, tail=c.window_ns)
+        windows.append(c.window_ns)
+    assert windows == [500_000, 250_000, 125_000, 0]  # 62.5 us is under the smallest step
 
 
 def test_headroom_and_a_building_queue_grow_the_window() -> None:
@@ -176,17 +199,19 @@ def mixed_epoch(c: WindowController, late: int) -> None:
         c.finished([2 * MS], MS)
 
 
-def test_late_batches_grow_the_window_to_merge_the_cohorts_an_instance_splits() -> None:
+def test_a_third_of_batches_late_grows_the_window_to_join_the_split_cohorts() -> None:
     c = ctl(10, 0.2)
-    mixed_epoch(c, late=60)
-    assert c.window_ns == 300_000  # idle tails, but most batches waited for the instance
+    mixed_epoch(c, late=34)
+    assert c.window_ns == 300_000  # idle tails, but a third of the batches waited for the instance
     assert (
-        c.last_decision == "grow: p99 2000 us, aim 8000 us, queue building, 60 of 100 batches late"
+        c.last_decision == "grow: p99 2000 us, aim 8000 us, queue building, 34 of 100 batches late"
     )
     c = ctl(10, 0.2)
-    mixed_epoch(c, late=40)
-    assert c.window_ns == 0  # most were closed by the window, which they waited out alone
-    assert c.last_decision == "shrink: the window's batches sat idle a median 200 us"
+    mixed_epoch(c, late=33)
+    assert c.window_ns == 100_000  # under a third late: the idle tails of the rest decide
+    assert c.last_decision == (
+        "shrink: the window's batches sat idle a median 200 us, three quarters at least 200 us"
+    )
 
 
 def test_over_the_aim_late_batches_still_grow_it_and_no_early_end_cuts_that_short() -> None:

@@ -12,32 +12,37 @@ Rules of this file (pure decisions, no asyncio: the scheduler feeds it and appli
   it, i.e. the queue and compute times the statistics report, plus the front-end's parse.
 - Decisions are made per epoch of ``EPOCH`` finished requests (p99 of 100 is their second
   largest). An epoch ends early when more than ``EPOCH // 100`` of its requests already
-  exceed the target (its p99 is over the target whatever the rest) and there is a window to
-  shrink (above 0, its batches not mostly late: see below).
+  exceed the target (its p99 is over the target whatever the rest) and the decision on what
+  it has seen shortens the window; other decisions wait for the whole epoch.
 - The controller aims at ``AIM`` of the target (the margin absorbs what the next epoch does
   differently). The batches it learns from are those neither full, nor cut at a preferred
   size, nor with requests left queued behind them: the batches a window closes. Each is
   either *closed by its window* (an instance was idle: it went when its window ended, or at
   once with window 0), with an *idle tail*, how long before the window's end its last
   request came; or *late*: it went when an instance freed, its window long over (the
-  instance, not the window, held it: a small batch split from the cohort that was executing).
-  At an epoch's end, in this order:
-  1. p99 over the aim, most such batches closed by their window: the window shrinks by the
-     excess (the window is the part of the latency the batcher controls); over the target
-     itself, to at most half.
-  2. Else, when most such batches were closed by their window and they sat idle for more
-     than half the window after their last request came (the median idle tail), the window
-     is longer than the arrivals need: it shrinks by that median (one request at a time: to
-     ~0 in one epoch).
+  instance, not the window, held it).
+  The batches are *split* when a third or more of them were late: a cohort of requests
+  that came together was cut in two, the rest waiting for the instance. At an epoch's end,
+  in this order:
+  1. p99 over the aim by no more than the window could account for (p99 - window <= aim):
+     the window shrinks by the excess (the window is the part of the latency the batcher
+     controls); over the target itself, to at most half. Beyond that the window is not what
+     makes the p99 (a slow or busy machine, the instance's queue): shortening it would only
+     shrink the batches, and with them the throughput that drains the queue.
+  2. Else, when the batches are not split and those closed by their window sat idle for
+     more than half the window after their last request came (the median idle tail), the
+     window is longer than the arrivals need: it shrinks by the idle time three quarters of
+     them left unused (their lower quartile), by at most half, to 0 below ``GROW_MIN_NS``
+     (one request at a time, every window idle: 1000, 500, 250, 125 us, 0).
   3. Else it grows when the queue builds (at least half the epoch's requests arrived while
-     others were queued or executing) and either most such batches were late, or they were
-     still gathering requests in the window's last quarter (median idle tail <= window / 4;
-     at window 0 every batch closed by it counts). It grows by half itself, at least
+     others were queued or executing) and either the batches are split (a longer window
+     joins the two parts), or, with p99 under the aim, the batches closed by their window
+     were still gathering requests in its last quarter (median idle tail <= window / 4; at
+     window 0 every batch closed by it counts). It grows by half itself, at least
      ``GROW_MIN_NS`` (from 0: 100, 150, 225 us...), and with p99 under the aim by at most
      the headroom (aim - p99), so that one step cannot carry p99 past the aim. With p99
-     over the aim only late batches grow it: their wait is the instance's queue, which a
-     shorter window does not shorten, and a longer one merges the cohorts the instance
-     splits (fewer, fuller executions: the queue drains faster).
+     over the aim only split batches grow it: the late part's wait is the instance's queue,
+     which a shorter window does not shorten, and fewer, fuller executions drain it faster.
      Epochs whose batches all filled leave it.
 - The window never exceeds the budget: aim minus the epoch's median execution time (a request
   that waits the whole window and then executes in a typical batch must fit in the aim; an
@@ -183,13 +188,15 @@ class WindowController:
         self._computes.append(compute_ns)
         if len(self._latencies) >= EPOCH:
             return self._decide()
-        # already over p99 of an epoch: decide now where the window is what to shorten
-        if self._over > EPOCH // 100 and self.window_ns and self._late <= len(self._tails):
-            return self._decide()
+        # already over p99 of an epoch: end it now if that shortens the window
+        if self._over > EPOCH // 100 and self.window_ns:
+            return self._decide(early=True)
         return False
 
     # ------------------------------------------------------------------ decide
-    def _decide(self) -> bool:
+    def _decide(self, early: bool = False) -> bool:
+        """The epoch's decision (rules 1-3 and the budget); ``early``: the epoch is cut short,
+        and only a shorter window is taken (else it goes on)."""
         lat = sorted(self._latencies)
         n = len(lat)
         p99 = lat[min(n - 1, -(-99 * n // 100) - 1)]  # nearest rank
@@ -198,20 +205,29 @@ class WindowController:
         tails = sorted(self._tails)
         tail = tails[(len(tails) - 1) // 2] if tails else 0  # lower median
         closed, late = len(tails), self._late
-        mostly_late = late > closed
-        if p99 > aim and not mostly_late:
-            new = max(0, w - (p99 - aim))
+        split = late and late * 3 >= late + closed  # a third or more of them were late
+        over = p99 > aim
+        if over and p99 - w <= aim:
+            new = w - (p99 - aim)
             if p99 > self.target_ns:
                 new = min(new, w // 2)
             why = f"shrink: p99 {p99 // 1000} us over the aim {aim // 1000} us"
-        elif closed and not mostly_late and tail * 2 > w:
-            new = w - tail
-            why = f"shrink: the window's batches sat idle a median {tail // 1000} us"
-        elif (mostly_late or (closed and tail * 4 <= w)) and self._busy * 2 >= self._arrivals > 0:
+        elif closed and not split and tail * 2 > w:
+            unused = tails[len(tails) // 4]  # what three quarters of them left unused
+            new = max(w - unused, w // 2)
+            if new < GROW_MIN_NS:  # below the smallest step: none
+                new = 0
+            why = (
+                f"shrink: the window's batches sat idle a median {tail // 1000} us, "
+                f"three quarters at least {unused // 1000} us"
+            )
+        elif (
+            split or (closed and tail * 4 <= w and not over)
+        ) and self._busy * 2 >= self._arrivals > 0:
             step = max(w // 2, GROW_MIN_NS)
-            new = w + (min(step, aim - p99) if p99 <= aim else step)
+            new = w + (step if over else min(step, aim - p99))
             why = f"grow: p99 {p99 // 1000} us, aim {aim // 1000} us, queue building" + (
-                f", {late} of {late + closed} batches late" if mostly_late else ""
+                f", {late} of {late + closed} batches late" if split else ""
             )
         else:
             new = w
@@ -222,6 +238,8 @@ class WindowController:
         if new > budget:
             new = budget
             why += f" (capped: aim - median execution {compute // 1000} us)"
+        if early and new >= w:
+            return False
         self.decisions += 1
         self.last_decision = why
         self._latencies.clear()
