@@ -150,8 +150,8 @@ def test_one_request_at_a_time_shrinks_a_window_that_only_adds_latency() -> None
             await answer(sched.submit(request("last", 1), 1, KEY))
             assert window.decisions == 1
             assert window.last_decision == (
-                "shrink: the window's batches sat idle a median 2000 us, three quarters at "
-                "least 2000 us"
+                "shrink: the window's batches sat idle a median 2000 us, three quarters had "
+                "their last request by 0 us"
             )
             assert inst.batches == [[f"s{i}"] for i in range(EPOCH - 1)] + [["last"]]
             # by at most half per epoch, to 0 below the smallest step (100 us)

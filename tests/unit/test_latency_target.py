@@ -115,19 +115,20 @@ def test_two_requests_over_the_target_end_the_epoch_and_at_least_halve_the_windo
     assert c.window_ns == 4 * MS  # 8 - 2.5 = 5.5, over the target itself: at most 8 / 2
 
 
-def test_a_window_that_outlasts_the_arrivals_shrinks_by_what_most_left_unused() -> None:
+def test_a_window_that_outlasts_the_arrivals_shrinks_to_what_most_needed_and_a_margin() -> None:
     c = ctl(10, 4)
     assert epoch(c, 5 * MS, busy=False, tail=3 * MS)
-    assert c.window_ns == 2 * MS  # 4 - 3, but by at most half
+    assert c.window_ns == 2 * MS  # 1 ms used, 1.5 with the margin: but by at most half
     assert c.last_decision == (
-        "shrink: the window's batches sat idle a median 3000 us, three quarters at least 3000 us"
+        "shrink: the window's batches sat idle a median 3000 us, three quarters had their last "
+        "request by 1000 us"
     )
-    # 30 batches idle 1 ms, 70 idle 3 ms: the median (3 ms) is over half the window; it
-    # shrinks by the 1 ms that three quarters left unused, not by the median
+    # 30 batches idle 2 ms, 70 idle 3.5 ms: the median (3.5 ms) is over half the window; three
+    # quarters had their last request 2 ms in: the window goes to 3 ms, not to the median's
     c = ctl(10, 4)
     for i in range(EPOCH):
         c.arrived(False)
-        idle = 1 * MS if i < 30 else 3 * MS
+        idle = 2 * MS if i < 30 else 3_500_000
         c.dispatched([job(0), job(4 * MS - idle)], leftover=False, now_ns=4 * MS)
         c.finished([5 * MS], MS)
     assert c.window_ns == 3 * MS
@@ -210,7 +211,8 @@ def test_a_third_of_batches_late_grows_the_window_to_join_the_split_cohorts() ->
     mixed_epoch(c, late=33)
     assert c.window_ns == 100_000  # under a third late: the idle tails of the rest decide
     assert c.last_decision == (
-        "shrink: the window's batches sat idle a median 200 us, three quarters at least 200 us"
+        "shrink: the window's batches sat idle a median 200 us, three quarters had their last "
+        "request by 0 us"
     )
 
 

@@ -31,22 +31,23 @@ Rules of this file (pure decisions, no asyncio: the scheduler feeds it and appli
      shrink the batches, and with them the throughput that drains the queue.
   2. Else, when the batches are not split and those closed by their window sat idle for
      more than half the window after their last request came (the median idle tail), the
-     window is longer than the arrivals need: it shrinks by the idle time three quarters of
-     them left unused (their lower quartile), by at most half, to 0 below ``GROW_MIN_NS``
+     window is longer than the arrivals need: it shrinks to half as much again as the time by
+     which three quarters of them had their last request (a margin for the slower quarter:
+     cut too short, a batch splits), by at most half at a time, to 0 below ``GROW_MIN_NS``
      (one request at a time, every window idle: 1000, 500, 250, 125 us, 0).
   3. Else it grows when the queue builds (at least half the epoch's requests arrived while
      others were queued or executing) and either the batches are split (a longer window
      joins the two parts), or, with p99 under the aim, the batches closed by their window
      were still gathering requests in its last quarter (median idle tail <= window / 4; at
      window 0 every batch closed by it counts). It grows by half itself, at least
-     ``GROW_MIN_NS`` (from 0: 100, 150, 225 us...), and with p99 under the aim by at most
+     ``GROW_MIN_NS`` (from 0: 100, 200, 300, 450 us...), and with p99 under the aim by at most
      the headroom (aim - p99), so that one step cannot carry p99 past the aim. With p99
      over the aim only split batches grow it: the late part's wait is the instance's queue,
      which a shorter window does not shorten, and fewer, fuller executions drain it faster.
      Epochs whose batches all filled leave it.
 - The window never exceeds the budget: aim minus the epoch's median execution time (a request
-  that waits the whole window and then executes in a typical batch must fit in the aim; an
-  execution slowed by a busy machine is left to the p99 rule); never negative.
+  that waits the whole window and then executes in a typical batch must fit in the aim; the
+  median, so that one execution slowed by a busy machine does not close it); never negative.
 - The window starts at the config's ``max_queue_delay_microseconds`` (within the budget).
   Without the parameter nothing here runs and the batcher is Triton's.
 """
@@ -213,13 +214,13 @@ class WindowController:
                 new = min(new, w // 2)
             why = f"shrink: p99 {p99 // 1000} us over the aim {aim // 1000} us"
         elif closed and not split and tail * 2 > w:
-            unused = tails[len(tails) // 4]  # what three quarters of them left unused
-            new = max(w - unused, w // 2)
+            used = w - tails[len(tails) // 4]  # three quarters had their last request by then
+            new = min(w, max(w // 2, used * 3 // 2))
             if new < GROW_MIN_NS:  # below the smallest step: none
                 new = 0
             why = (
-                f"shrink: the window's batches sat idle a median {tail // 1000} us, "
-                f"three quarters at least {unused // 1000} us"
+                f"shrink: the window's batches sat idle a median {tail // 1000} us, three "
+                f"quarters had their last request by {used // 1000} us"
             )
         elif (
             split or (closed and tail * 4 <= w and not over)
