@@ -118,20 +118,20 @@ def test_two_requests_over_the_target_end_the_epoch_and_at_least_halve_the_windo
 def test_a_window_that_outlasts_the_arrivals_shrinks_to_what_most_needed_and_a_margin() -> None:
     c = ctl(10, 4)
     assert epoch(c, 5 * MS, busy=False, tail=3 * MS)
-    assert c.window_ns == 2 * MS  # 1 ms used, 1.5 with the margin: but by at most half
+    assert c.window_ns == 2 * MS  # 1 ms used, twice that: the margin for the slower quarter
     assert c.last_decision == (
         "shrink: the window's batches sat idle a median 3000 us, three quarters had their last "
         "request by 1000 us"
     )
-    # 30 batches idle 2 ms, 70 idle 3.5 ms: the median (3.5 ms) is over half the window; three
-    # quarters had their last request 2 ms in: the window goes to 3 ms, not to the median's
-    c = ctl(10, 4)
+    # an 8 ms window, 30 batches idle 5 ms, 70 idle 7 ms: the median (7 ms) is over half the
+    # window; three quarters had their last request 3 ms in: the window goes to 2 x 3 ms
+    c = ctl(20, 8)
     for i in range(EPOCH):
         c.arrived(False)
-        idle = 2 * MS if i < 30 else 3_500_000
-        c.dispatched([job(0), job(4 * MS - idle)], leftover=False, now_ns=4 * MS)
-        c.finished([5 * MS], MS)
-    assert c.window_ns == 3 * MS
+        idle = 5 * MS if i < 30 else 7 * MS
+        c.dispatched([job(0), job(8 * MS - idle)], leftover=False, now_ns=8 * MS)
+        c.finished([10 * MS], MS)
+    assert c.window_ns == 6 * MS
     # one request at a time: a lone job waits its whole window, which halves to 0
     c = ctl(10, 1)
     windows = []

@@ -31,9 +31,9 @@ Rules of this file (pure decisions, no asyncio: the scheduler feeds it and appli
      shrink the batches, and with them the throughput that drains the queue.
   2. Else, when the batches are not split and those closed by their window sat idle for
      more than half the window after their last request came (the median idle tail), the
-     window is longer than the arrivals need: it shrinks to half as much again as the time by
-     which three quarters of them had their last request (a margin for the slower quarter:
-     cut too short, a batch splits), by at most half at a time, to 0 below ``GROW_MIN_NS``
+     window is longer than the arrivals need: it shrinks to twice the time by which three
+     quarters of them had their last request (a margin for the slower quarter: cut too
+     short, a batch splits), by at most half at a time, to 0 below ``GROW_MIN_NS``
      (one request at a time, every window idle: 1000, 500, 250, 125 us, 0).
   3. Else it grows when the queue builds (at least half the epoch's requests arrived while
      others were queued or executing) and either the batches are split (a longer window
@@ -215,7 +215,7 @@ class WindowController:
             why = f"shrink: p99 {p99 // 1000} us over the aim {aim // 1000} us"
         elif closed and not split and tail * 2 > w:
             used = w - tails[len(tails) // 4]  # three quarters had their last request by then
-            new = min(w, max(w // 2, used * 3 // 2))
+            new = min(w, max(w // 2, used * 2))
             if new < GROW_MIN_NS:  # below the smallest step: none
                 new = 0
             why = (
