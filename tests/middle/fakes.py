@@ -10,12 +10,16 @@ Rules of this file:
 - Like a real backend, ``execute`` concatenates the batch's ``IN`` tensors along the batch
   dimension, computes ``OUT = IN * 10 + k`` (k the instance's index) on the whole batch and
   splits ``OUT`` back per request: each caller must get its own rows.
+- ``compute_ms``: each ``execute`` also lasts at least that long by the monotonic clock (a
+  model's compute time, for the latency-target batcher to measure; never less: the loop's
+  timers may fire early, so it checks the clock).
 - Tests wait on state (``until``), never on time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -64,6 +68,7 @@ class FakeInstance:
         held: bool = True,
         tracker: Tracker | None = None,
         fail: Callable[[list[InferRequest]], BaseException | None] | None = None,
+        compute_ms: float = 0.0,
     ) -> None:
         self.name = f"{MODEL}_0_{index}"
         self.index = index
@@ -76,6 +81,7 @@ class FakeInstance:
         self._gates: list[asyncio.Event] = []
         self._tracker = tracker
         self._fail = fail
+        self._compute_ns = int(compute_ms * 1_000_000)
 
     @property
     def waiting(self) -> int:
@@ -112,6 +118,10 @@ class FakeInstance:
             t.most = max(t.most, t.running)
         try:
             await gate.wait()
+            if self._compute_ns:
+                end = time.monotonic_ns() + self._compute_ns
+                while (left := end - time.monotonic_ns()) > 0:
+                    await asyncio.sleep(left / 1e9)
         finally:
             if t is not None:
                 t.running -= 1

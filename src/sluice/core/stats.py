@@ -232,6 +232,8 @@ class ModelStats:
     summaries: LatencySummaries | None = None
     # --metrics-config histogram_latencies=true: time to first response (None: not recorded)
     first_response: FirstResponseHistogram | None = None
+    # latency_target_us: the dynamic batcher's current window in us (None: no target)
+    batch_window_us: float | None = None
     # (monotonic s, queue ns, compute infer ns) taken when the ratio is read, oldest first
     ratio_marks: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque([(time.monotonic(), 0, 0)])

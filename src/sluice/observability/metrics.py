@@ -6,7 +6,9 @@ compute time, so p99 can be computed server-side and aggregated across replicas;
 ``sluice_model_queue_compute_ratio`` (queue over compute time in the last minute, the
 autoscaling signal); with the rate limiter, ``sluice_rate_limiter_resource_count`` /
 ``sluice_rate_limiter_resource_in_use`` per resource and device and
-``sluice_rate_limiter_waiting_instances`` per model (Triton exports nothing of its limiter).
+``sluice_rate_limiter_waiting_instances`` per model (Triton exports nothing of its limiter);
+``sluice_batch_window_us`` per model version with a latency target (``latency_target_us``):
+the dynamic batcher's current window.
 
 As Triton with ``--metrics-config``: the latency summaries (``*_summary_us``,
 ``summary_latencies=true``), the first-response histogram (``histogram_latencies=true``), no
@@ -205,6 +207,13 @@ class TritonCollector(Collector):
             "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)",
             labels=label_names,
         )
+        window = GaugeMetricFamily(
+            "sluice_batch_window_us",
+            "The dynamic batcher's current window (max queue delay) in microseconds, steered "
+            "by the model's latency_target_us",
+            labels=label_names,
+        )
+        any_window = False
         hists = [
             (HistogramMetricFamily(name, doc, labels=label_names), of)
             for name, doc, of in _HISTOGRAMS
@@ -235,6 +244,9 @@ class TritonCollector(Collector):
             pending.add_metric(labels, st.pending)
             load.add_metric(labels, st.load_duration_secs)
             ratio.add_metric(labels, st.queue_compute_ratio())
+            if st.batch_window_us is not None:
+                any_window = True
+                window.add_metric(labels, st.batch_window_us)
             for hist_family, of in hists:
                 hist = of(st)
                 hist_family.add_metric(labels, _buckets(hist), hist.sum_us)
@@ -251,6 +263,8 @@ class TritonCollector(Collector):
         for family, _, _ in counters:
             yield family
         yield from (pending, load, ratio)
+        if any_window:
+            yield window
         if any_first:
             yield first
         if any_summaries:

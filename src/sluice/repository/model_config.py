@@ -12,6 +12,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import InvalidArgument
+from ..scheduling.latency_target import LATENCY_TARGET_PARAM, latency_target_us
 
 __all__ = [
     "CONFIG_FILE",
@@ -225,7 +226,26 @@ def validate(config: mc.ModelConfig, source: str) -> list[str]:
                     )
     if config.HasField("dynamic_batching"):
         warnings.extend(_check_dynamic_batching(config, source))
+    warnings.extend(_check_latency_target(config, source))
     return warnings
+
+
+def _check_latency_target(config: mc.ModelConfig, source: str) -> list[str]:
+    """sluice's ``latency_target_us``: a positive integer, with an effect only where the
+    dynamic batcher batches (Triton ignores the parameter)."""
+    try:
+        target = latency_target_us(config)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"invalid model configuration {source}: {exc.message}") from None
+    if target is None:
+        return []
+    if not config.HasField("dynamic_batching") or config.max_batch_size == 0:
+        return [
+            f"{source}: parameter '{LATENCY_TARGET_PARAM}' has no effect without "
+            "'dynamic_batching' and a 'max_batch_size' above 0: it steers the dynamic "
+            "batcher's window"
+        ]
+    return []
 
 
 def _check_dynamic_batching(config: mc.ModelConfig, source: str) -> list[str]:

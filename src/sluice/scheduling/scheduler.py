@@ -21,6 +21,11 @@ Rules of this file:
 - ``drain()`` waits until nothing is queued or running (used before an unload), and then
   for the instances that stream after ``execute`` returns (decoupled python models: they
   have ``drain()`` and ``fail_streams(error)``) to close their streams.
+- With sluice's ``latency_target_us`` parameter (``latency_target.py``) the window
+  (``policy.max_delay_ns``) is the controller's: it is told of each arrival, each batch
+  started and each batch ended, and the policy is replaced when it moves the window
+  (``stats.batch_window_us`` shows it). Without it ``self._window`` is None and nothing of
+  it runs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -39,6 +45,7 @@ from ..core.stats import ModelStats
 from ..errors import Internal, InvalidArgument, Overloaded, ServerError, Status
 from ..host.timer import DeadlineTimer
 from ..types import InferRequest, InferResponse
+from .latency_target import WindowController, latency_target_us
 from .overload import DrainRate
 from .policy import BatchPolicy, Job, take_batch
 
@@ -107,6 +114,23 @@ class Scheduler:
             preferred=frozenset(db.preferred_batch_size) if db else frozenset(),
             max_delay_ns=db.max_queue_delay_microseconds * 1000 if db else 0,
         )
+        # latency_target_us: the window steered from the measured times (None: Triton's)
+        self._window: WindowController | None = None
+        self._freed = False  # (with a window) the next dispatch follows a batch's end
+        try:  # (checked at load by model_config.validate; here for schedulers built alone)
+            target_us = latency_target_us(config)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"model '{model}': {exc.message}") from None
+        if target_us is not None and self.policy.dynamic:
+            self._window = WindowController(
+                target_us * 1000,
+                self.policy.max_delay_ns,
+                max_batch_size=self.policy.max_batch_size,
+                preferred=self.policy.preferred,
+            )
+            self.policy = replace(self.policy, max_delay_ns=self._window.window_ns)
+        # (the statistics outlive a reload: a config without the target shows no window)
+        stats.batch_window_us = None if self._window is None else self._window.window_ns / 1000
         levels = db.priority_levels if db and db.priority_levels > 0 else 1
         self.levels = levels
         # default_priority_level counts only with priority_levels (Triton ignores it alone)
@@ -181,6 +205,8 @@ class Scheduler:
             level,
             request.arrival_ns,
         )
+        if self._window is not None:
+            self._window.arrived(self._queued + self._running > 0)
         self._queues[level].append(job)
         self._queued += 1
         self.stats.pending += 1
@@ -217,6 +243,8 @@ class Scheduler:
     def _dispatch(self) -> None:
         if self._has_timeouts and self._queued:
             self._expire(time.monotonic_ns())
+        freed = self._freed
+        self._freed = False
         while self._idle and self._queued:
             now = time.monotonic_ns()
             n, wait_until = take_batch(self._queues, self.policy, now)
@@ -227,7 +255,10 @@ class Scheduler:
             inst = self._acquire()
             if inst is None:  # waits for the rate limiter
                 break
-            self._start(self._pop(n), inst)
+            jobs = self._pop(n)
+            if self._window is not None:
+                self._window.dispatched(jobs, self._queued > 0, now, freed)
+            self._start(jobs, inst)
         if self._idle and not self._queued and self._delayed:
             inst = self._acquire()
             if inst is not None:
@@ -409,6 +440,8 @@ class Scheduler:
             self._idle.append(inst)
             self._running -= 1
         try:
+            if self._window is not None:
+                self._steer(jobs, start)
             if traced and self._trace_compute:
                 _trace_compute(jobs, start, time.monotonic_ns(), result)
             if result is not None and result.rescheduled:
@@ -431,6 +464,32 @@ class Scheduler:
                     done_jobs, done_results = order.popleft()
                     self._deliver(done_jobs, done_results)
         self._maybe_idle()
+
+    def _steer(self, jobs: list[Job], start: int) -> None:
+        """A batch started at ``start`` ended: its requests' latencies and its execution time
+        to the window controller, and its window into the policy when it moved."""
+        window = self._window
+        assert window is not None
+        self._freed = True
+        end = time.monotonic_ns()
+        latencies = [
+            end - (j.arrival_ns if 0 < j.arrival_ns < j.enqueue_ns else j.enqueue_ns) for j in jobs
+        ]
+        if window.finished(latencies, end - start):
+            self.policy = replace(self.policy, max_delay_ns=window.window_ns)
+            self.stats.batch_window_us = window.window_ns / 1000
+            log.debug(
+                "model '%s' version %s: batch window %d us (%s)",
+                self.model,
+                self.version,
+                window.window_ns // 1000,
+                window.last_decision,
+            )
+
+    @property
+    def window(self) -> WindowController | None:
+        """The latency-target controller of the batch window (None: the config's fixed one)."""
+        return self._window
 
     def _reschedule(self, jobs: list[Job], results: list[Any]) -> tuple[list[Job], list[Any]]:
         """The batch's jobs still to answer, with their results, once those the model
