@@ -178,7 +178,7 @@ def srv(module_server, module_repo: Path):
         _config(
             "again_batched",
             "sequence_batching { iterative_sequence: true oldest { "
-            "max_candidate_sequences: 4 max_queue_delay_microseconds: 20000 } }",
+            "max_candidate_sequences: 4 max_queue_delay_microseconds: 500000 } }",
         ).replace("max_batch_size: 0", "max_batch_size: 4"),
         AGAIN_PY.replace("np.array([count]", "np.array([[count]]")
         .replace("np.array([starts]", "np.array([[starts]]")
@@ -400,8 +400,9 @@ def test_a_closed_stream_stops_the_rescheduling(srv) -> None:
 
 
 def test_batched_iterative_sequences_reschedule_within_batches(srv) -> None:
-    """Four requests of a batching model (the oldest strategy, a 1 s window that closes
-    when the batch is full): each is its own sequence, rescheduled its own number of times
+    """Four requests of a batching model (the oldest strategy, a 0.5 s window that closes
+    when the batch is full: four clients' first requests, sent together, arrive within it
+    even on a loaded machine): each is its own sequence, rescheduled its own number of times
     (3, 1, 0, 2), batched with those still going: batches of 4, 3, 2 and 1."""
     before = _stats(srv, "again_batched")
 

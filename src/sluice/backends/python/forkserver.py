@@ -198,7 +198,13 @@ class ForkServer:
             try:
                 pid = await asyncio.wait_for(asyncio.shield(answer), ANSWER_TIMEOUT_S)
             except asyncio.CancelledError:
-                answer.cancel()  # the worker is killed when its pid comes
+                if not answer.cancel():  # else the worker is killed when its pid comes
+                    # the pid came in the moment its caller was cancelled: nobody will
+                    # drive this worker, so it goes now
+                    if not answer.cancelled() and answer.exception() is None:
+                        with contextlib.suppress(OSError):
+                            os.kill(answer.result(), signal.SIGKILL)
+                    os.close(status_r)
                 raise
             except TimeoutError:  # a fork takes milliseconds: this zygote is stuck
                 self._give_up(f"it did not answer a request within {ANSWER_TIMEOUT_S:g}s")
