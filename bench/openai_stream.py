@@ -1,39 +1,37 @@
-"""Streaming tokens through the OpenAI-compatible API against Triton's generate_stream, one model.
+"""Streaming tokens through the OpenAI-compatible API beside Triton's generate_stream, one model,
+both measured by ``sluice perf --service-kind openai``.
 
-    .venv/bin/python bench/openai_stream.py [--tokens 128] [--concurrency 1 8] [--requests 24]
-                                            [--rounds 3] [--delay-ms 0]
+    .venv/bin/python bench/openai_stream.py [--tokens 128] [--prompt-words 9] [--concurrency 1 8]
+                                            [--requests 16] [--rounds 3] [--delay-ms 0]
 
 One ``sluice serve`` serves ``tests/zoo_llm.py``'s ``parrot`` (a decoupled python model in
-Triton's vLLM convention: one response per word, ``--delay-ms`` between words). The same
-generations (``--tokens`` words from the same prompt) are asked for through
-``POST /v1/chat/completions`` with ``"stream": true`` and through
-``POST /v2/models/parrot/generate_stream``, by ``c`` clients at once, each sending
-``--requests`` requests one after the other; the two endpoints alternate within each of
-``--rounds`` rounds. The clients are plain asyncio HTTP/1.1 connections (one per client,
-kept alive) that read the server-sent events as they arrive, so both endpoints pay the same
-client cost. Reported per endpoint and concurrency, medians over the rounds:
-- TTFT: from sending the request to the first event carrying a word (ms, p50 and p90);
-- inter-token ms: time from the first word to the last / words after the first (p50 of the
-  streams; at c > 1 the client's reads bunch events together, so read it at c=1);
-- tokens/s per stream: words / time from sending to the last word (p50 of the streams);
-- tokens/s in all: every word of the round / the round's wall time;
-- server CPU per token: the server process's user+system CPU over the round / its words
-  (psutil), and its python worker's: what each endpoint costs the server, which the
-  wall-clock figures on a busy machine only estimate.
-The model has one instance and generates one request's words before the next request's, so
-at c > 1 a request's TTFT includes the streams queued before it, on both endpoints alike.
-Bounded: each (endpoint, c, round) ends after its requests or 60 s, whichever comes first.
+Triton's vLLM convention: one response per word, ``--delay-ms`` between words, one instance).
+For each round, concurrency ``c`` and endpoint (the two alternate within a round), one
+``sluice perf -m parrot --service-kind openai --streaming --concurrency-range c`` run with
+``--endpoint v1/chat/completions`` or ``--endpoint v2/models/parrot/generate_stream``: a
+generated prompt of ``--prompt-words`` words and ``max_tokens`` ``--tokens`` (the generate
+request is the one ``/v1/completions`` would send the model, so both ask for ``--tokens``
+words), count windows of ``--requests`` requests (3 windows, any spread counted stable).
+Reported per endpoint and concurrency, medians over the rounds, from sluice perf's CSV:
+requests/s, output tokens/s, time to first token p50/p90/p99, inter-token latency p50/p99
+((latency - TTFT) / (tokens - 1), genai-perf's definition; at c > 1 the client's reads bunch
+events together, so read it at c=1), request latency p50; and the server's CPU per token:
+the server process's user+system CPU over the run / the words of every request sluice perf
+sent (psutil), and its python worker's: what each endpoint costs the server, which the
+wall-clock figures on a busy machine only estimate.
+The model generates one request's words before the next request's, so at c > 1 a request's
+TTFT includes the streams queued before it, on both endpoints alike.
+Bounded: each sluice perf run ends after its 3 windows or 120 s, whichever comes first.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import csv
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
@@ -46,132 +44,23 @@ from tests import zoo_llm  # noqa: E402
 
 from servers import start_sluice  # noqa: E402
 
-PROMPT = "the quick brown fox jumps over the lazy dog"
-ROUND_LIMIT_S = 60.0
-
-
-def _bodies(tokens: int) -> dict[str, tuple[str, bytes]]:
-    chat = {
-        "model": "parrot",
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": tokens,
-        "stream": True,
-    }
-    # what the OpenAI mapping sends the model, given to generate_stream directly
-    prompt = f"user: {PROMPT}\nassistant:"
-    params = {
-        "frequency_penalty": 0.0,
-        "ignore_eos": False,
-        "n": 1,
-        "presence_penalty": 0.0,
-        "temperature": 0.7,
-        "top_p": 1.0,
-        "max_tokens": tokens,
-    }
-    generate = {
-        "text_input": prompt,
-        "stream": True,
-        "sampling_parameters": json.dumps(params),
-        "exclude_input_in_output": True,
-        "return_num_input_tokens": True,
-        "return_num_output_tokens": True,
-        "return_finish_reason": True,
-    }
-    return {
-        "openai": ("/v1/chat/completions", json.dumps(chat).encode()),
-        "generate_stream": ("/v2/models/parrot/generate_stream", json.dumps(generate).encode()),
-    }
-
-
-def _word(kind: str, data: bytes) -> bool:
-    """Does this event carry a word?"""
-    if data == b"[DONE]":
-        return False
-    doc = json.loads(data)
-    if kind == "openai":
-        return bool(doc["choices"] and doc["choices"][0]["delta"].get("content"))
-    return bool(doc.get("text_output"))
-
-
-class _Conn:
-    """One kept-alive HTTP/1.1 connection that streams chunked server-sent events."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def stream(self, kind: str, path: str, body: bytes) -> tuple[float, list[float]]:
-        """(send time, arrival time of each event carrying a word)."""
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        assert self.reader is not None
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        sent = time.perf_counter()
-        self.writer.write(head + body)
-        status = await self.reader.readline()
-        if b" 200 " not in status:
-            raise RuntimeError(f"{path}: {status!r}")
-        while (await self.reader.readline()) not in (b"\r\n", b""):
-            pass
-        words: list[float] = []
-        buf = b""
-        while True:
-            size = int((await self.reader.readline()).strip(), 16)
-            chunk = await self.reader.readexactly(size + 2)
-            if size == 0:
-                return sent, words
-            now = time.perf_counter()
-            buf += chunk[:-2]
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                if event.startswith(b"data: ") and _word(kind, event[6:]):
-                    words.append(now)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-async def _round(port: int, kind: str, path: str, body: bytes, c: int, n: int) -> dict[str, float]:
-    ttft: list[float] = []
-    gaps: list[float] = []
-    rates: list[float] = []
-    words = 0
-    deadline = time.perf_counter() + ROUND_LIMIT_S
-
-    async def client() -> None:
-        nonlocal words
-        conn = _Conn(port)
-        try:
-            for _ in range(n):
-                if time.perf_counter() > deadline:
-                    return
-                sent, stamps = await conn.stream(kind, path, body)
-                ttft.append(stamps[0] - sent)
-                if len(stamps) > 1:
-                    gaps.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
-                rates.append(len(stamps) / (stamps[-1] - sent))
-                words += len(stamps)
-        finally:
-            conn.close()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(c)))
-    wall = time.perf_counter() - t0
-    q = statistics.quantiles(ttft, n=10) if len(ttft) > 1 else [ttft[0]] * 9
-    return {
-        "ttft_p50_ms": statistics.median(ttft) * 1e3,
-        "ttft_p90_ms": q[8] * 1e3,
-        "itl_ms": statistics.median(gaps) * 1e3,
-        "stream_tok_s": statistics.median(rates),
-        "total_tok_s": words / wall,
-        "requests": len(ttft),
-        "words": words,
-    }
+ENDPOINTS = {
+    "openai": "v1/chat/completions",
+    "generate_stream": "v2/models/parrot/generate_stream",
+}
+RUN_LIMIT_S = 120.0
+FIGURES = (
+    "req_s",
+    "tok_s",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "itl_p50",
+    "itl_p99",
+    "lat_p50",
+    "server_us",
+    "worker_us",
+)
 
 
 def _cpu(proc: psutil.Process) -> tuple[float, float]:
@@ -187,14 +76,62 @@ def _cpu(proc: psutil.Process) -> tuple[float, float]:
     return t.user + t.system, kids
 
 
+def _perf(
+    port: int, endpoint: str, c: int, args: argparse.Namespace, out: Path
+) -> tuple[dict[str, str], int]:
+    """One sluice perf run: its CSV row and the requests it sent in all."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "sluice",
+        "perf",
+        "-m",
+        "parrot",
+        "-u",
+        f"127.0.0.1:{port}",
+        "--service-kind",
+        "openai",
+        "--endpoint",
+        endpoint,
+        "--streaming",
+        "--synthetic-input-tokens-mean",
+        str(args.prompt_words),
+        "--output-tokens-mean",
+        str(args.tokens),
+        "--concurrency-range",
+        str(c),
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(args.requests),
+        "-s",
+        "100000",
+        "-r",
+        "3",
+        "--no-progress",
+        "--verbose-csv",
+        "-f",
+        str(out),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    if r.returncode != 0:
+        raise RuntimeError(f"sluice perf {endpoint} c={c}: rc={r.returncode}: {r.stderr[-500:]}")
+    with out.open() as f:
+        row = next(csv.DictReader(f))
+    sent = int(r.stdout.split("Requests sent in all: ")[1].split()[0])
+    return row, sent
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=128, help="max_tokens: words per stream")
+    ap.add_argument("--prompt-words", type=int, default=9)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--requests", type=int, default=24, help="per client and round")
+    ap.add_argument("--requests", type=int, default=16, help="per measurement window")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--delay-ms", type=float, default=0.0, help="the model's pause per word")
     args = ap.parse_args()
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         repo.mkdir()
@@ -203,41 +140,48 @@ def main() -> int:
         try:
             srv.wait_ready()
             proc = psutil.Process(srv.proc.pid)
-            bodies = _bodies(args.tokens)
-            results: dict[tuple[str, int], list[dict[str, float]]] = {}
             for r in range(args.rounds):
                 for c in args.concurrency:
-                    order = list(bodies) if r % 2 == 0 else list(reversed(bodies))
+                    order = list(ENDPOINTS) if r % 2 == 0 else list(reversed(ENDPOINTS))
                     for kind in order:
-                        path, body = bodies[kind]
                         main0, kids0 = _cpu(proc)
-                        out = asyncio.run(_round(srv.http, kind, path, body, c, args.requests))
+                        row, sent = _perf(srv.http, ENDPOINTS[kind], c, args, Path(tmp) / "o.csv")
                         main1, kids1 = _cpu(proc)
-                        words = out["words"]
-                        out["server_us"] = (main1 - main0) / words * 1e6
-                        out["worker_us"] = (kids1 - kids0) / words * 1e6
+                        per_request = int(row["Output Tokens"]) / int(row["Request count"])
+                        words = sent * per_request
+                        out = {
+                            "req_s": float(row["Inferences/Second"]),
+                            "tok_s": float(row["Output Token Throughput"]),
+                            "ttft_p50": int(row["Time To First Token p50"]) / 1e3,
+                            "ttft_p90": int(row["Time To First Token p90"]) / 1e3,
+                            "ttft_p99": int(row["Time To First Token p99"]) / 1e3,
+                            "itl_p50": int(row["Inter Token Latency p50"]) / 1e3,
+                            "itl_p99": int(row["Inter Token Latency p99"]) / 1e3,
+                            "lat_p50": int(row["p50 latency"]) / 1e3,
+                            "server_us": (main1 - main0) / words * 1e6,
+                            "worker_us": (kids1 - kids0) / words * 1e6,
+                        }
                         results.setdefault((kind, c), []).append(out)
                         print(f"round {r} c={c} {kind}: {out}", file=sys.stderr)
         finally:
             srv.stop()
     print(
-        f"parrot, {args.tokens} words per stream, model pause {args.delay_ms:g} ms/word, "
-        f"{args.requests} requests per client, {args.rounds} rounds (medians)"
+        f"parrot, {args.tokens} words per stream from a {args.prompt_words}-word prompt, model "
+        f"pause {args.delay_ms:g} ms/word, windows of {args.requests} requests, {args.rounds} "
+        "rounds (medians); measured by sluice perf --service-kind openai --streaming"
     )
     print(
-        "| endpoint | c | TTFT p50 ms | TTFT p90 ms | inter-token ms | tokens/s per stream "
-        "| tokens/s in all | server CPU us/token | worker CPU us/token |"
+        "| endpoint | c | requests/s | output tokens/s | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms "
+        "| ITL p50 ms | ITL p99 ms | latency p50 ms | server CPU us/token | worker CPU us/token |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (kind, c), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-
-        def med(key: str, runs: list[dict[str, float]] = runs) -> float:
-            return statistics.median(x[key] for x in runs)
-
+        med = {k: statistics.median(x[k] for x in runs) for k in FIGURES}
         print(
-            f"| {kind} | {c} | {med('ttft_p50_ms'):.2f} | {med('ttft_p90_ms'):.2f} | "
-            f"{med('itl_ms'):.3f} | {med('stream_tok_s'):.0f} | {med('total_tok_s'):.0f} | "
-            f"{med('server_us'):.1f} | {med('worker_us'):.1f} |"
+            f"| {kind} | {c} | {med['req_s']:.1f} | {med['tok_s']:.0f} | {med['ttft_p50']:.2f} "
+            f"| {med['ttft_p90']:.2f} | {med['ttft_p99']:.2f} | {med['itl_p50']:.3f} "
+            f"| {med['itl_p99']:.3f} | {med['lat_p50']:.2f} | {med['server_us']:.1f} "
+            f"| {med['worker_us']:.1f} |"
         )
     return 0
 

@@ -24,6 +24,7 @@ from hyperframe.frame import (
 from tritonclient.grpc import service_pb2 as pb
 
 from sluice.perf.grpc_conn import GrpcConn, grpc_message, request_headers
+from sluice.perf.stats import SAMPLE_FIELDS
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -40,7 +41,8 @@ class Owner:
         self.errors.append(msg)
 
     def samples(self) -> list[tuple[int, ...]]:
-        return [tuple(self.rec[i : i + 6]) for i in range(0, len(self.rec), 6)]
+        n = len(SAMPLE_FIELDS)
+        return [tuple(self.rec[i : i + n]) for i in range(0, len(self.rec), n)]
 
 
 def response_message() -> bytes:
@@ -302,7 +304,7 @@ def test_worker_closed_loop_reconnects_after_drops() -> None:
         await asyncio.wait_for(w.handle(("idle",)), 5)
         server.close()
         theirs.close()
-        ok = list(array("q", reply[1])[4::6])
+        ok = list(array("q", reply[1])[4 :: len(SAMPLE_FIELDS)])
         return ok, w.inflight
 
     ok, inflight = asyncio.run(run())

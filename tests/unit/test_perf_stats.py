@@ -61,14 +61,14 @@ def test_empty_window_is_never_stable() -> None:
 
 
 def test_summarize_window_counts_completions_inside_the_window() -> None:
-    # start, end, send, recv, ok, late
+    # start, end, send, recv, ok, late, first, tokens
     rows = np.array(
         [
-            [0, 5, 1, 1, 1, 0],  # ends before the window
-            [8, 12, 2, 2, 1, 0],  # inside
-            [9, 19, 4, 4, 1, 1],  # inside, late
-            [10, 15, 0, 0, 0, 0],  # inside, failed
-            [15, 20, 1, 1, 1, 0],  # ends at t1: next window
+            [0, 5, 1, 1, 1, 0, 0, 0],  # ends before the window
+            [8, 12, 2, 2, 1, 0, 0, 0],  # inside
+            [9, 19, 4, 4, 1, 1, 0, 0],  # inside, late
+            [10, 15, 0, 0, 0, 0, 0, 0],  # inside, failed
+            [15, 20, 1, 1, 1, 0, 0, 0],  # ends at t1: next window
         ],
         dtype=np.int64,
     )

@@ -5,6 +5,8 @@ Usage::
 
     sluice perf -m add_sub -u 127.0.0.1:8000 --concurrency-range 1:32:2 -p 2000 -f out.csv \\
         --latency-budget-ms 20 --plot sweep.png
+    sluice perf -m llm --service-kind openai --endpoint v1/chat/completions --streaming \\
+        --synthetic-input-tokens-mean 200 --output-tokens-mean 128 --concurrency-range 1:8:2
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ import sys
 from typing import Any
 
 from .knee import DEFAULT_KNEE_THRESHOLD
+from .llm_workload import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PROMPT_WORDS,
+    Endpoint,
+    LlmOptions,
+    build_bodies,
+    encode_requests,
+    fetch_llm_model,
+)
 from .runner import LevelResult, MeasureOptions, Runner, sweep
 from .stats import WindowStats
 from .workload import InputOptions, PerfError, Target, build_inputs, encode_payloads, fetch_model
@@ -22,6 +33,7 @@ __all__ = [
     "add_perf_flags",
     "add_measurement_flags",
     "measure_options",
+    "llm_options",
     "parse_range",
     "run_perf",
     "main",
@@ -81,7 +93,41 @@ def add_perf_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose-csv", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--max-threads", type=int, default=None, help="accepted for compatibility")
-    p.add_argument("--service-kind", default="triton", choices=["triton"])
+    p.add_argument(
+        "--service-kind",
+        default="triton",
+        choices=["triton", "openai"],
+        help="openai: LLM requests to --endpoint (an OpenAI-compatible API or Triton's "
+        "generate extension), with time to first token and tokens/s",
+    )
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="PATH",
+        help="with --service-kind openai: v1/chat/completions, v1/completions, "
+        "v2/models/<m>/generate_stream or v2/models/<m>/generate",
+    )
+    p.add_argument(
+        "--streaming",
+        action="store_true",
+        help='with --service-kind openai: ask for streamed answers ("stream": true)',
+    )
+    p.add_argument(
+        "--synthetic-input-tokens-mean",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --service-kind openai: a generated prompt of N words "
+        f"(default {DEFAULT_PROMPT_WORDS})",
+    )
+    p.add_argument(
+        "--output-tokens-mean",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --service-kind openai: max_tokens of the generated requests "
+        f"(default {DEFAULT_MAX_TOKENS})",
+    )
     p.add_argument(
         "--api-key",
         default=None,
@@ -174,6 +220,47 @@ def measure_options(ns: argparse.Namespace) -> tuple[MeasureOptions, InputOption
     return mo, io
 
 
+def llm_options(ns: argparse.Namespace) -> LlmOptions | None:
+    """The LLM mode's options (None with --service-kind triton); PerfError for flags that do
+    not go together."""
+    llm_flags = {
+        "--endpoint": ns.endpoint is not None,
+        "--streaming": ns.streaming,
+        "--synthetic-input-tokens-mean": ns.synthetic_input_tokens_mean is not None,
+        "--output-tokens-mean": ns.output_tokens_mean is not None,
+    }
+    if ns.service_kind != "openai":
+        given = [flag for flag, on in llm_flags.items() if on]
+        if given:
+            raise PerfError(f"{', '.join(given)}: only with --service-kind openai")
+        return None
+    if ns.protocol != "http":
+        raise PerfError("--service-kind openai speaks HTTP: -i must be http")
+    if ns.batch_size != 1 or ns.shape or ns.string_data is not None:
+        raise PerfError(
+            "-b, --shape and --string-data describe tensors: not with --service-kind openai"
+        )
+    data = ns.input_data[-1] if ns.input_data else None
+    if data is not None:
+        if data in ("zero", "random") or not data.endswith(".json"):
+            raise PerfError(
+                "--service-kind openai: --input-data is a JSON file of request bodies "
+                '({"data": [{"payload": [{...}]}]}), or leave it out for a generated prompt'
+            )
+        if ns.synthetic_input_tokens_mean is not None or ns.output_tokens_mean is not None:
+            raise PerfError(
+                "--synthetic-input-tokens-mean and --output-tokens-mean shape the generated "
+                "prompt: with --input-data, write the prompt and max_tokens in its bodies"
+            )
+    return LlmOptions(
+        endpoint=Endpoint.parse(ns.endpoint, ns.model),
+        streaming=ns.streaming,
+        prompt_words=ns.synthetic_input_tokens_mean or DEFAULT_PROMPT_WORDS,
+        max_tokens=ns.output_tokens_mean or DEFAULT_MAX_TOKENS,
+        data=data,
+    )
+
+
 class _Progress:
     """A tqdm bar on stderr (only on a terminal); per-level blocks go through tqdm.write so the
     bar never garbles them, and it is closed before the final table."""
@@ -233,16 +320,24 @@ def run_perf(ns: argparse.Namespace) -> int:
         return code
 
     try:
+        llm = llm_options(ns)
+        if llm is not None:
+            ns.input_data = []  # the bodies file is the LLM workload's, not the tensors'
         mo, io = measure_options(ns)
         from .credentials import api_key_option
 
         target = Target.parse(ns.url, ns.protocol, api_key_option(ns.api_key))
-        model = fetch_model(target, ns.model, ns.version)
-        payloads = encode_payloads(target, model, build_inputs(model, io))
+        if llm is None:
+            model = fetch_model(target, ns.model, ns.version)
+            payloads = encode_payloads(target, model, build_inputs(model, io))
+        else:
+            model, meta = fetch_llm_model(target, ns.model, llm.endpoint)
+            bodies = build_bodies(llm, ns.model, meta)
+            payloads = encode_requests(target, llm.endpoint, bodies)
     except PerfError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(report.settings_block(mo, target.protocol, sync=not ns.use_async), flush=True)
+    print(report.settings_block(mo, target.protocol, sync=not ns.use_async, llm=llm), flush=True)
     print(flush=True)
     total = None
     if not mo.binary_search and mo.end > 0:
@@ -252,13 +347,19 @@ def run_perf(ns: argparse.Namespace) -> int:
     progress = _Progress(total, enabled=not ns.no_progress)
 
     def on_level(r: LevelResult) -> None:
-        progress.level_done(report.level_block(r, mo, target.protocol) + "\n")
+        progress.level_done(report.level_block(r, mo, target.protocol, llm=llm is not None) + "\n")
 
     results: list[LevelResult] = []
     code = 0
     try:
         with _ReportingRunner(
-            target, model, payloads, mo, progress=progress.window, on_level=on_level
+            target,
+            model,
+            payloads,
+            mo,
+            progress=progress.window,
+            on_level=on_level,
+            llm=llm.endpoint.kind if llm is not None else "",
         ) as runner:
             try:
                 results = sweep(runner, mo)
@@ -286,9 +387,12 @@ def run_perf(ns: argparse.Namespace) -> int:
         code = 2
     threshold = ns.knee_threshold / 100.0
     analysis = report.analyse(results, threshold, ns.latency_budget_ms)
-    print(report.summary(results, mo, analysis, threshold, ns.latency_budget_ms), flush=True)
+    print(
+        report.summary(results, mo, analysis, threshold, ns.latency_budget_ms, llm=llm is not None),
+        flush=True,
+    )
     if ns.csv:
-        report.write_csv(ns.csv, results, mo, verbose=ns.verbose_csv)
+        report.write_csv(ns.csv, results, mo, verbose=ns.verbose_csv, llm=llm is not None)
     for path in ns.plot:
         from .plot import write_plot
 

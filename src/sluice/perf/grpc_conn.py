@@ -405,7 +405,7 @@ class GrpcConn(asyncio.Protocol):
     def _record(self, call: _Call, ok: int) -> None:
         end = _now()
         recv = end - call.first if call.first else 0
-        self.w.rec.extend((call.start, end, call.send_ns, recv, ok, call.late))
+        self.w.rec.extend((call.start, end, call.send_ns, recv, ok, call.late, 0, 0))
 
     def _fail_all(self, msg: str, above: int = 0) -> None:
         """Fail the calls on streams above ``above`` (all by default) and the queued ones."""

@@ -5,6 +5,10 @@ Rules of this file:
 - Same words, units (usec) and column names as perf_analyzer, so scripts that parse its output
   parse ours; anything sluice adds comes after perf_analyzer's lines (or in ``--verbose-csv``).
 - CSV rows are sorted by throughput, as perf_analyzer sorts them.
+- The LLM mode (``--service-kind openai``) keeps perf_analyzer's blocks (a request is one
+  inference) and adds its own after them: requests/s, output tokens and tokens/s, time to
+  first token (p50/p90/p99), inter-token latency (p50/p99) and request latency, in usec
+  like the rest; its CSV columns come after perf_analyzer's.
 
 Usage::
 
@@ -20,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .knee import best_within_budget, find_knee
+from .llm_workload import LlmOptions
 from .runner import LevelResult, MeasureOptions
-from .stats import WindowStats
+from .stats import WindowStats, percentile_of
 
 __all__ = [
     "CSV_COLUMNS",
@@ -57,6 +62,15 @@ VERBOSE_COLUMNS = [
     "Delayed requests",
     "Generator CPU %",
 ]
+LLM_COLUMNS = [
+    "Output Token Throughput",
+    "Output Tokens",
+    "Time To First Token p50",
+    "Time To First Token p90",
+    "Time To First Token p99",
+    "Inter Token Latency p50",
+    "Inter Token Latency p99",
+]
 
 
 def _us(ns: float) -> int:
@@ -71,12 +85,17 @@ def _level_value(level: float, o: MeasureOptions) -> str:
     return str(int(level)) if o.mode == "concurrency" else f"{level:g}"
 
 
-def settings_block(o: MeasureOptions, protocol: str, sync: bool) -> str:
+def settings_block(
+    o: MeasureOptions, protocol: str, sync: bool, llm: LlmOptions | None = None
+) -> str:
     lines = [
         "*** Measurement Settings ***",
         f"  Batch size: {o.batch_size}",
-        "  Service Kind: Triton",
+        "  Service Kind: " + ("Triton" if llm is None else "OPENAI"),
     ]
+    if llm is not None:
+        lines.append(f"  Endpoint: {llm.endpoint.label}")
+        lines.append(f"  Streaming: {'yes' if llm.streaming else 'no'}")
     if o.measurement_mode == "count_windows":
         lines.append('  Using "count_windows" mode for stabilization')
         lines.append(f"  Minimum number of samples in each window: {o.request_count}")
@@ -118,7 +137,39 @@ def _server_parts(s: WindowStats) -> tuple[int, int, int, int, int, int]:
     )
 
 
-def level_block(r: LevelResult, o: MeasureOptions, protocol: str) -> str:
+def _llm_lines(s: WindowStats) -> list[str]:
+    n = s.tokens.size
+    per = (
+        f"{s.output_tokens / n:.6g} per request, min {int(s.tokens.min())}, "
+        f"max {int(s.tokens.max())}"
+        if n
+        else "no request completed"
+    )
+    lines = [
+        "  LLM: ",
+        f"    Request throughput: {s.request_rate:.6g} requests/sec",
+        f"    Output tokens: {s.output_tokens} in {n} requests ({per})",
+        f"    Output token throughput: {s.token_throughput:.6g} tokens/sec",
+    ]
+    if s.ttft_ns.size:
+        t = [_us(percentile_of(s.ttft_ns, p)) for p in (50, 90, 99)]
+        lines.append(f"    Time to first token: p50 {t[0]} usec, p90 {t[1]} usec, p99 {t[2]} usec")
+    else:
+        lines.append("    Time to first token: not measured (no answer was streamed)")
+    if s.itl_ns.size:
+        i = [_us(percentile_of(s.itl_ns, p)) for p in (50, 99)]
+        lines.append(f"    Inter-token latency: p50 {i[0]} usec, p99 {i[1]} usec")
+    else:
+        lines.append("    Inter-token latency: not measured (no streamed answer of 2 tokens)")
+    lat = [_us(s.percentile_ns(p)) for p in (50, 90, 99)]
+    lines.append(
+        f"    Request latency: avg {_us(s.avg_latency_ns)} usec, p50 {lat[0]} usec, "
+        f"p90 {lat[1]} usec, p99 {lat[2]} usec"
+    )
+    return lines
+
+
+def level_block(r: LevelResult, o: MeasureOptions, protocol: str, llm: bool = False) -> str:
     s = r.stats
     pct = s.percentiles_ns()
     lines = []
@@ -161,6 +212,8 @@ def level_block(r: LevelResult, o: MeasureOptions, protocol: str) -> str:
         ]
     if s.errors:
         lines.append(f"  Failed requests: {s.errors}")
+    if llm:
+        lines += _llm_lines(s)
     if o.mode == "rate" and s.late:
         lines.append(
             "[WARNING] Perf Analyzer was not able to keep up with the desired request rate. "
@@ -171,6 +224,10 @@ def level_block(r: LevelResult, o: MeasureOptions, protocol: str) -> str:
         f"(busiest {r.gen_busiest_pct:.1f}%), {r.trials} window(s)"
         + ("" if r.stable else ", NOT STABLE")
     )
+    lines.append(
+        f"  Requests sent: {r.issued} (the whole level: warm-up, windows and the requests in "
+        "flight at their edges)"
+    )
     if r.gen_busiest_pct > 75.0:
         lines.append(
             "  [WARNING] a load-generator process was over 75% busy: the generator may limit "
@@ -179,7 +236,7 @@ def level_block(r: LevelResult, o: MeasureOptions, protocol: str) -> str:
     return "\n".join(lines)
 
 
-def _csv_row(r: LevelResult, o: MeasureOptions, verbose: bool) -> list[str]:
+def _csv_row(r: LevelResult, o: MeasureOptions, verbose: bool, llm: bool) -> list[str]:
     s = r.stats
     avg, send, recv = _us(s.avg_latency_ns), _us(s.send_ns), _us(s.recv_ns)
     _, _, q, ci, cinf, co = _server_parts(s)
@@ -207,19 +264,31 @@ def _csv_row(r: LevelResult, o: MeasureOptions, verbose: bool) -> list[str]:
             str(s.late),
             f"{r.gen_cpu_pct:.1f}",
         ]
+    if llm:
+        row += [
+            f"{s.token_throughput:.6g}",
+            str(s.output_tokens),
+            *(str(_us(percentile_of(s.ttft_ns, p))) for p in (50, 90, 99)),
+            *(str(_us(percentile_of(s.itl_ns, p))) for p in (50, 99)),
+        ]
     return row
 
 
 def write_csv(
-    path: str, results: Sequence[LevelResult], o: MeasureOptions, verbose: bool = False
+    path: str,
+    results: Sequence[LevelResult],
+    o: MeasureOptions,
+    verbose: bool = False,
+    llm: bool = False,
 ) -> None:
     header = [_level_name(o), *CSV_COLUMNS[1:]] + (VERBOSE_COLUMNS if verbose else [])
+    header += LLM_COLUMNS if llm else []
     rows = sorted((r for r in results if r.stable), key=lambda r: r.stats.throughput)
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(header)
         for r in rows:
-            w.writerow(_csv_row(r, o, verbose))
+            w.writerow(_csv_row(r, o, verbose, llm))
 
 
 @dataclass
@@ -259,6 +328,7 @@ def summary(
     a: Analysis,
     knee_threshold: float,
     budget_ms: float | None,
+    llm: bool = False,
 ) -> str:
     lat_word = f"p{o.percentile:g} latency" if o.percentile is not None else "latency"
     lines = [
@@ -284,7 +354,28 @@ def summary(
                 f"Request Rate: {r.level:g}, throughput: {r.stats.throughput:.6g} infer/sec, "
                 f"{lat_word} {_us(lat)} usec"
             )
-    lines.append("")
+    if llm:
+        lines += [
+            "",
+            "LLM: requests/sec, output tokens/sec, time to first token, inter-token latency",
+        ]
+        for r in results:
+            if not r.stable:
+                continue
+            s = r.stats
+            what = "Concurrency" if o.mode == "concurrency" else "Request Rate"
+            line = (
+                f"{what}: {_level_value(r.level, o)}, {s.request_rate:.6g} requests/sec, "
+                f"{s.token_throughput:.6g} output tokens/sec"
+            )
+            for name, values in (("TTFT", s.ttft_ns), ("ITL", s.itl_ns)):
+                if values.size:
+                    line += (
+                        f", {name} p50 {_us(percentile_of(values, 50))} usec "
+                        f"p99 {_us(percentile_of(values, 99))} usec"
+                    )
+            lines.append(line)
+    lines += ["", f"Requests sent in all: {sum(r.issued for r in results)}", ""]
     pct = knee_threshold * 100
     if len(a.ordered) < 2:
         lines.append("Knee: needs at least two levels")

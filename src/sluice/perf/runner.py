@@ -81,6 +81,7 @@ class LevelResult:
     gen_busiest_pct: float  # the busiest worker, % of one core
     workers: int
     error: str | None = None
+    issued: int = 0  # requests the level sent in all: warm-up, windows, the tail in flight
 
     @property
     def delayed_pct(self) -> float:
@@ -163,8 +164,12 @@ class Runner:
         payloads: list[bytes],
         opts: MeasureOptions,
         progress: ProgressFn | None = None,
+        llm: str = "",
     ) -> None:
+        """``llm``: the LLM endpoint's kind (``llm_workload.Endpoint.kind``) when the payloads
+        are LLM requests, whose answers the workers read as streams."""
         self.target, self.model, self.payloads, self.opts = target, model, payloads, opts
+        self.llm = llm
         self.progress = progress
         self.n_workers = opts.workers or self.auto_workers(opts)
         self.procs: list[Any] = []
@@ -191,6 +196,7 @@ class Runner:
                 tuple(self.payloads),
                 i,
                 self.target.api_key,
+                self.llm,
             )
             p = ctx.Process(
                 target=worker_main, args=(cfg, child), daemon=True, name=f"sluice-perf-{i}"
@@ -344,7 +350,7 @@ class Runner:
         (ta, ca), (tb, cb) = cpu_marks[k], cpu_marks[-1]
         wall = (tb - ta) / 1e9
         per = [(b - a) / wall * 100.0 if wall > 0 else 0.0 for a, b in zip(ca, cb, strict=True)]
-        self._ask(active, ("idle",))
+        issued = sum(int(reply[1]) for reply in self._ask(active, ("idle",)))
         return LevelResult(
             level=level,
             stats=merged,
@@ -353,6 +359,7 @@ class Runner:
             gen_cpu_pct=sum(per),
             gen_busiest_pct=max(per) if per else 0.0,
             workers=len(active),
+            issued=issued,
         )
 
     def _count_window(

@@ -30,6 +30,7 @@ __all__ = [
     "Samples",
     "WindowStats",
     "ServerStats",
+    "percentile_of",
     "summarize_window",
     "merge_windows",
     "is_stable",
@@ -50,7 +51,9 @@ PERCENTILES = (50, 90, 95, 99)
 #   end: when the whole response had arrived   send: ns spent writing the request
 #   recv: ns spent reading/parsing the response after its first byte   ok: 1 or 0
 #   late: 1 when an open-loop send went out later than its schedule allows
-SAMPLE_FIELDS = ("start", "end", "send", "recv", "ok", "late")
+#   first: a streamed LLM answer: when its first event carrying text arrived (0: none, or
+#          not streamed)   tokens: an LLM answer's output tokens (0 outside the LLM mode)
+SAMPLE_FIELDS = ("start", "end", "send", "recv", "ok", "late", "first", "tokens")
 
 
 @dataclass
@@ -63,15 +66,17 @@ class Samples:
     recv: np.ndarray
     ok: np.ndarray
     late: np.ndarray
+    first: np.ndarray
+    tokens: np.ndarray
 
     @classmethod
     def empty(cls) -> Samples:
         z = np.zeros(0, dtype=np.int64)
-        return cls(z, z, z, z, z, z)
+        return cls(*(z for _ in SAMPLE_FIELDS))
 
     @classmethod
     def from_matrix(cls, m: np.ndarray) -> Samples:
-        """``m`` has shape (n, 6) in SAMPLE_FIELDS order."""
+        """``m`` has shape (n, 8) in SAMPLE_FIELDS order."""
         m = m.reshape(-1, len(SAMPLE_FIELDS))
         return cls(*(np.ascontiguousarray(m[:, i]) for i in range(len(SAMPLE_FIELDS))))
 
@@ -87,9 +92,27 @@ class Samples:
         return Samples(*(getattr(self, f)[mask] for f in SAMPLE_FIELDS))
 
 
+def _no_values() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def percentile_of(values: np.ndarray, p: float) -> float:
+    """perf_analyzer's pN: the sample at index ceil(p/100 * n) - 1 of the sorted values (0.0
+    when there are none)."""
+    if not values.size:
+        return 0.0
+    ordered = np.sort(values)
+    idx = max(0, min(ordered.size - 1, int(np.ceil(p / 100.0 * ordered.size)) - 1))
+    return float(ordered[idx])
+
+
 @dataclass
 class WindowStats:
-    """What one measurement window (or several merged) measured on the client side."""
+    """What one measurement window (or several merged) measured on the client side. The LLM
+    figures (per successful request) are empty outside the LLM mode: ``tokens`` the output
+    tokens of each answer, ``ttft_ns`` each streamed answer's time to its first token,
+    ``itl_ns`` each streamed answer of 2 tokens or more's inter-token latency,
+    (latency - TTFT) / (tokens - 1) as genai-perf defines it."""
 
     duration_ns: int
     batch_size: int
@@ -102,6 +125,18 @@ class WindowStats:
     recv_ns: float
     server: ServerStats | None = None
     windows: int = 1
+    tokens: np.ndarray = field(default_factory=_no_values)
+    ttft_ns: np.ndarray = field(default_factory=_no_values)
+    itl_ns: np.ndarray = field(default_factory=_no_values)
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.tokens.sum())
+
+    @property
+    def token_throughput(self) -> float:
+        """Output tokens per second."""
+        return self.output_tokens / (self.duration_ns / 1e9) if self.duration_ns > 0 else 0.0
 
     @property
     def request_rate(self) -> float:
@@ -121,12 +156,7 @@ class WindowStats:
         return float(self.latencies_ns.std()) if self.latencies_ns.size else 0.0
 
     def percentile_ns(self, p: float) -> float:
-        if not self.latencies_ns.size:
-            return 0.0
-        # perf_analyzer takes the sample at index ceil(p/100 * n) - 1 of the sorted latencies
-        lat = np.sort(self.latencies_ns)
-        idx = max(0, min(lat.size - 1, int(np.ceil(p / 100.0 * lat.size)) - 1))
-        return float(lat[idx])
+        return percentile_of(self.latencies_ns, p)
 
     def percentiles_ns(self) -> dict[int, float]:
         return {p: self.percentile_ns(p) for p in PERCENTILES}
@@ -176,6 +206,8 @@ def summarize_window(samples: Samples, t0: int, t1: int, batch_size: int = 1) ->
     okm = s.ok.astype(bool)
     lat = (s.end - s.start)[okm]
     n_ok = int(okm.sum())
+    streamed = okm & (s.first > 0)
+    several = streamed & (s.tokens > 1)
     return WindowStats(
         duration_ns=int(t1 - t0),
         batch_size=batch_size,
@@ -186,6 +218,9 @@ def summarize_window(samples: Samples, t0: int, t1: int, batch_size: int = 1) ->
         sent=len(s),
         send_ns=float(s.send[okm].mean()) if n_ok else 0.0,
         recv_ns=float(s.recv[okm].mean()) if n_ok else 0.0,
+        tokens=s.tokens[okm],
+        ttft_ns=(s.first - s.start)[streamed],
+        itl_ns=(s.end - s.first)[several] / (s.tokens[several] - 1),
     )
 
 
@@ -216,6 +251,9 @@ def merge_windows(windows: Sequence[WindowStats]) -> WindowStats:
         recv_ns=wavg("recv_ns"),
         server=server,
         windows=sum(w.windows for w in windows),
+        tokens=np.concatenate([w.tokens for w in windows]),
+        ttft_ns=np.concatenate([w.ttft_ns for w in windows]),
+        itl_ns=np.concatenate([w.itl_ns for w in windows]),
     )
 
 

@@ -1,6 +1,6 @@
 """A load-generator process: one asyncio loop (uvloop) driving HTTP/1.1 keep-alive connections
-(raw ``asyncio.Protocol``) or one HTTP/2 connection of gRPC calls (``grpc_conn``), closed- or
-open-loop.
+(raw ``asyncio.Protocol``; for LLM requests answered by streams, ``sse_conn``) or one HTTP/2
+connection of gRPC calls (``grpc_conn``), closed- or open-loop.
 
 Rules of this file:
 - Payloads arrive pre-encoded (``workload.encode_payloads``); the hot path writes bytes and
@@ -16,7 +16,9 @@ Rules of this file:
   to latency instead of hiding it (no coordinated omission). Sends later than ``LATE_NS`` are
   counted.
 - Samples are appended to one flat int64 array (``stats.SAMPLE_FIELDS`` order) and shipped to
-  the coordinator on each ``flush``; the coordinator cuts windows by completion time.
+  the coordinator on each ``flush``; the coordinator cuts windows by completion time. Every
+  request issued records exactly one sample (answered or failed); ``idle`` answers how many
+  the level issued in all, warm-up and the requests still in flight at its end included.
 - Commands (tuples over a multiprocessing Pipe): ("closed", n) | ("open", rate, dist, seed,
   phase) | ("idle",) | ("flush",) | ("exit",). Each is answered with one message.
 """
@@ -35,14 +37,16 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from ..host.timer import DeadlineTimer
-from .stats import LATE_NS
+from .stats import LATE_NS, SAMPLE_FIELDS
 
 if TYPE_CHECKING:  # imported when a worker speaks gRPC: hpack/hyperframe are the perf extra's
     from .grpc_conn import GrpcConn
+    from .sse_conn import SseConn
 
 __all__ = ["WorkerConfig", "worker_main", "LATE_NS"]
 
 _MAX_OPEN_CONNS = 4096  # per worker, open loop; beyond it sends wait for a free connection
+_NF = len(SAMPLE_FIELDS)
 _now = time.perf_counter_ns
 
 
@@ -54,6 +58,9 @@ class WorkerConfig:
     payloads: tuple[bytes, ...]
     index: int = 0
     api_key: str = ""
+    # LLM requests (HTTP only): the endpoint's kind, "chat" | "completions" | "generate"; the
+    # answers are read as streams of server-sent events (``sse_conn``)
+    llm: str = ""
 
 
 class _Worker:
@@ -73,6 +80,7 @@ class _Worker:
             cut = [p.index(b"\r\n\r\n") + 4 for p in cfg.payloads]
             self.payloads = [(p[:i], p[i:]) for p, i in zip(cfg.payloads, cut, strict=True)]
         self.npay = len(cfg.payloads)
+        self.issued = 0  # samples shipped by flush during this level
         self.k = cfg.index  # round-robin cursor over payloads
         self.running = False
         self.mode = "closed"  # | "open"
@@ -81,8 +89,8 @@ class _Worker:
         self.first_error: str | None = None
         self.done = asyncio.Event()
         self.stop_event = asyncio.Event()
-        self.conns: list[_HttpConn] = []
-        self.idle: list[_HttpConn] = []
+        self.conns: list[_HttpConn | SseConn] = []
+        self.idle: list[_HttpConn | SseConn] = []
         self.waiting: deque[int] = deque()
         self.opening = 0
         # perf_counter_ns is CLOCK_MONOTONIC on Linux, the clock DeadlineTimer arms against;
@@ -98,19 +106,45 @@ class _Worker:
         return self.payloads[k]
 
     def record(self, start: int, end: int, send: int, recv: int, ok: int, late: int) -> None:
-        self.rec.extend((start, end, send, recv, ok, late))
+        self.rec.extend((start, end, send, recv, ok, late, 0, 0))
 
     def error(self, msg: str) -> None:
         if self.first_error is None:
             self.first_error = msg
 
     # ------------------------------------------------------------------ transports
-    async def open_http(self) -> _HttpConn:
-        _, proto = await self.loop.create_connection(
-            lambda: _HttpConn(self), self.cfg.host, self.cfg.port
-        )
+    async def open_http(self) -> _HttpConn | SseConn:
+        if self.cfg.llm:
+            from .sse_conn import SseConn
+
+            kind = self.cfg.llm
+            factory: Callable[[], _HttpConn | SseConn] = lambda: SseConn(self, kind)  # noqa: E731
+        else:
+            factory = lambda: _HttpConn(self)  # noqa: E731
+        _, proto = await self.loop.create_connection(factory, self.cfg.host, self.cfg.port)
         self.conns.append(proto)
         return proto
+
+    def lost(self, c: _HttpConn | SseConn) -> None:
+        """An HTTP connection failed its request (recorded) and closed: a running level goes
+        on with a fresh connection; a stopping one just counts the request done."""
+        if self.running:
+            self.loop.create_task(self._replace(c.on_done))
+        else:
+            c.on_done(c)
+
+    async def _replace(self, on_done: Callable[[Any], None]) -> None:
+        try:
+            c = await self.open_http()
+        except OSError as e:
+            self.error(f"reconnect failed: {e}")
+            self.opened_failed()
+            return
+        c.on_done = on_done
+        if on_done == self.open_next:
+            self.open_next(c)
+        else:
+            self.closed_next(c)
 
     async def grpc_conn(self) -> GrpcConn:
         """The open gRPC connection, reconnecting (once for all waiting callers) if it closed."""
@@ -179,7 +213,7 @@ class _Worker:
             self.inflight += 1
             c.send(self.next_payload(), _now(), 0)
 
-    def closed_next(self, c: _HttpConn) -> None:
+    def closed_next(self, c: _HttpConn | SseConn) -> None:
         if self.running:
             c.send(self.next_payload(), _now(), 0)
         else:
@@ -245,7 +279,7 @@ class _Worker:
         if not self.inflight and not self.running:
             self.done.set()
 
-    def open_next(self, c: _HttpConn) -> None:
+    def open_next(self, c: _HttpConn | SseConn) -> None:
         self.inflight -= 1
         if self.waiting and self.running:
             self.inflight += 1
@@ -280,22 +314,25 @@ class _Worker:
         cmd = msg[0]
         if cmd == "flush":
             data = self.rec.tobytes()
+            self.issued += len(self.rec) // _NF
             self.rec = array("q")
             err, self.first_error = self.first_error, None
             return ("samples", data, time.process_time(), _now(), err)
         if cmd == "idle":
             await self.stop_level()
-            return ("ok",)
+            issued = self.issued + len(self.rec) // _NF
+            self.issued, self.rec = 0, array("q")  # nobody reads a stopped level's samples
+            return ("ok", issued)
         if cmd == "closed":
             await self.stop_level()
-            self.rec = array("q")
+            self.rec, self.issued = array("q"), 0
             self.checked = False
             if msg[1] > 0:
                 await self.start_closed(int(msg[1]))
             return ("ok",)
         if cmd == "open":
             await self.stop_level()
-            self.rec = array("q")
+            self.rec, self.issued = array("q"), 0
             self.checked = False
             args = (float(msg[1]), str(msg[2]), int(msg[3]), float(msg[4]))
             if msg[1] > 0:
@@ -338,7 +375,7 @@ class _HttpConn(asyncio.Protocol):
     def __init__(self, owner: _Worker) -> None:
         self.w = owner
         self.tr: asyncio.Transport | None = None
-        self.on_done: Callable[[_HttpConn], None] = owner.closed_next
+        self.on_done: Callable[[Any], None] = owner.closed_next
         self.buf = bytearray()
         self.need = -1
         self.status = 0
@@ -422,7 +459,7 @@ class _HttpConn(asyncio.Protocol):
                     w.error(f"undecodable response: {e}")
             else:
                 w.error(f"HTTP {self.status}: {body[:500].decode(errors='replace')}")
-        w.rec.extend((self.start, end, self.send_ns, end - self.first, ok, self.late))
+        w.rec.extend((self.start, end, self.send_ns, end - self.first, ok, self.late, 0, 0))
         self.buf = bytearray()
         self.need = -1
         self.busy = False
@@ -431,33 +468,14 @@ class _HttpConn(asyncio.Protocol):
     def fail(self, msg: str) -> None:
         self.w.error(msg)
         now = _now()
-        self.w.rec.extend((self.start, now, 0, 0, 0, self.late))
+        self.w.rec.extend((self.start, now, 0, 0, 0, self.late, 0, 0))
         self.busy = False
         self.buf = bytearray()
         self.need = -1
         if self.tr is not None:
             self.tr.close()
         self.tr = None
-        # keep the closed loop going on a fresh connection
-        w = self.w
-        if w.running:
-            w.loop.create_task(self._replace())
-        else:
-            self.on_done(self)
-
-    async def _replace(self) -> None:
-        w = self.w
-        try:
-            c = await w.open_http()
-        except OSError as e:
-            w.error(f"reconnect failed: {e}")
-            w.opened_failed()
-            return
-        c.on_done = self.on_done
-        if self.on_done == w.open_next:
-            w.open_next(c)
-        else:
-            w.closed_next(c)
+        self.w.lost(self)  # the closed loop goes on with a fresh connection
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.busy:

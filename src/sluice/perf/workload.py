@@ -42,6 +42,8 @@ __all__ = [
     "InputOptions",
     "fetch_model",
     "fetch_server_stats",
+    "http_json",
+    "version_path",
     "build_inputs",
     "encode_payloads",
 ]
@@ -119,7 +121,7 @@ class InputOptions:
 
 
 # --------------------------------------------------------------------------- metadata
-def _http_json(target: Target, path: str) -> Any:
+def http_json(target: Target, path: str) -> Any:
     url = f"http://{target.address}{path}"
     try:
         req = urllib.request.Request(url, headers=target.http_headers())
@@ -129,6 +131,8 @@ def _http_json(target: Target, path: str) -> Any:
         body = e.read().decode(errors="replace")
         try:
             body = json.loads(body).get("error", body)
+            if isinstance(body, dict):  # OpenAI's error object
+                body = body.get("message", body)
         except (ValueError, AttributeError):
             pass
         raise PerfError(f"GET {path} failed with HTTP {e.code}: {body}") from None
@@ -152,16 +156,16 @@ def _grpc_call(target: Target, method: str, request: Any) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
-def _version_path(model: str, version: str) -> str:
+def version_path(model: str, version: str) -> str:
     return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
 
 
 def fetch_model(target: Target, model: str, version: str = "") -> ModelInfo:
     """Metadata + config of ``model`` (and the server's extensions) over ``target``'s protocol."""
     if target.protocol == "http":
-        server = _http_json(target, "/v2")
-        meta = _http_json(target, _version_path(model, version))
-        config = _http_json(target, _version_path(model, version) + "/config")
+        server = http_json(target, "/v2")
+        meta = http_json(target, version_path(model, version))
+        config = http_json(target, version_path(model, version) + "/config")
     else:
         from tritonclient.grpc import service_pb2 as pb
 
@@ -186,7 +190,7 @@ def fetch_model(target: Target, model: str, version: str = "") -> ModelInfo:
 def fetch_server_stats(target: Target, model: str, version: str = "") -> dict[str, Any]:
     """The statistics-extension document for ``model`` (cumulative counters)."""
     if target.protocol == "http":
-        return dict(_http_json(target, _version_path(model, version) + "/stats"))
+        return dict(http_json(target, version_path(model, version) + "/stats"))
     from tritonclient.grpc import service_pb2 as pb
 
     return _grpc_call(
@@ -378,7 +382,7 @@ def _http_request(
     target: Target, model: ModelInfo, inputs: Mapping[str, np.ndarray], dtypes: Mapping[str, str]
 ) -> bytes:
     body, header_length = http_codec.encode_infer_request(inputs, binary=True, datatypes=dtypes)
-    path = _version_path(model.name, model.version) + "/infer"
+    path = version_path(model.name, model.version) + "/infer"
     lines = [
         f"POST {path} HTTP/1.1",
         f"Host: {target.address}",

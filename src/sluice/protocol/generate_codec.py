@@ -29,6 +29,7 @@ from .json_body import too_deep
 __all__ = [
     "decode_generate_request",
     "encode_generate_response",
+    "generate_body",
     "sse_event",
     "tensor_from_json",
 ]
@@ -120,6 +121,13 @@ def encode_generate_response(response: InferResponse) -> dict[str, Any]:
     for name, arr in response.outputs.items():
         out[name] = _value(arr)
     return out
+
+
+def generate_body(request: InferRequest) -> dict[str, Any]:
+    """The generate extension's JSON body that asks for ``request``'s inputs (each one-element
+    tensor as a scalar, others as a flat list): what ``decode_generate_request`` reads back
+    into the same tensors."""
+    return {name: _value(arr) for name, arr in request.inputs.items()}
 
 
 def sse_event(doc: Mapping[str, Any]) -> bytes:
