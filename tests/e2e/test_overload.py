@@ -10,6 +10,7 @@ status by default, and starts its texts with Triton's phrases."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -112,10 +113,12 @@ def _metric(srv: Any, line_start: str) -> float:
 
 
 def _retry_after(elapsed: float) -> set[str]:
-    """What Retry-After may say: one request left the queue (the held one) and one waits
-    ahead, so ceil(1 x 10 s window / 1) = 10, once the server counted that start within its
-    10 s window; a run stalled past the window sees nothing drained: 60 (the cap)."""
-    return {"10"} if elapsed < 9.0 else {"10", "60"}
+    """What Retry-After may say: one request left the queue (the held one) ``elapsed`` s
+    ago at most and one waits ahead, so ceil(1 x span / 1) where the span is the time since
+    that start, at least 1 s: "1" when the refusal came within a second of it; a run stalled
+    past the 10 s window sees nothing drained with every instance busy: 60 (the cap)."""
+    longest = max(1, math.ceil(elapsed))
+    return {str(n) for n in range(1, min(longest, 10) + 1)} | ({"60"} if elapsed >= 9 else set())
 
 
 @pytest.mark.grpc

@@ -4,6 +4,9 @@ estimate; by default the same error keeps Triton's UNAVAILABLE."""
 
 from __future__ import annotations
 
+import math
+import time
+
 import pytest
 
 from sluice.core.stats import ModelStats
@@ -32,19 +35,25 @@ def test_a_full_queue_is_refused_with_the_status_of_the_mode_and_a_retry_estimat
         inst = FakeInstance()
         sched = _sched(FULL, inst, honest)
         try:
+            t0 = time.monotonic()
             running = sched.submit(request("o", 0), 1, KEY)
             await until(lambda: inst.waiting == 1, "the first request executes")
             queued = sched.submit(request("q", 1), 1, KEY)
             with pytest.raises(Overloaded) as refused:
                 sched.submit(request("r", 2), 1, KEY)
+            elapsed = time.monotonic() - t0
             err = refused.value
             assert err.status is (Status.RESOURCE_EXHAUSTED if honest else Status.UNAVAILABLE)
             assert str(err) == (
                 "Exceeds maximum queue size: model 'm' version 1 already has 1 request(s) "
                 "queued at priority level 1 (max_queue_size 1)"
             )
-            # one request drained in the window, one ahead: ceil(1 x WINDOW_S / 1)
-            assert err.retry_after == WINDOW_S
+            # one request drained since its model began executing, one ahead: ceil(1 x
+            # span / 1), the span being that time, at least 1 s (not the whole window)
+            if elapsed <= 1:
+                assert err.retry_after == 1
+            else:
+                assert 1 <= err.retry_after <= min(WINDOW_S, math.ceil(elapsed))
             inst.open()
             await answers(running, queued)
         finally:

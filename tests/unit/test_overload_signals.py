@@ -25,19 +25,38 @@ class Clock:
 def test_retry_after_is_the_time_to_drain_what_is_ahead_at_the_recent_rate() -> None:
     clock = Clock()
     rate = DrainRate(clock)
-    assert rate.retry_after(5) == MAX_S  # nothing drained: stuck
-    rate.add(20)  # 20 requests in the window: 2 per second
+    assert rate.retry_after(5) == MAX_S  # nothing drained, every instance busy: stuck
+    assert rate.retry_after(5, all_busy=False) == 1  # an instance free: about to drain
+    rate.add(20)
+    clock.t += WINDOW_S - 0.5  # 20 requests over (nearly) the whole window: ~2 per second
+    assert rate.span() == WINDOW_S - 0.5
     assert rate.retry_after(0) == 1  # at least 1 s
     assert rate.retry_after(1) == 1
     assert rate.retry_after(7) == 4  # ceil(7 / 2)
     assert rate.retry_after(1000) == MAX_S  # at most MAX_S
-    clock.t += WINDOW_S - 1
-    rate.add(20)
+    rate.add(20)  # (the first 20 were counted 9.5 s ago)
     assert rate.drained() == 40 and rate.retry_after(8) == 2
     clock.t += 1  # the first 20 fall out of the window
     assert rate.drained() == 20
     clock.t += WINDOW_S
     assert rate.drained() == 0 and rate.retry_after(1) == MAX_S
+
+
+def test_a_burst_on_an_idle_model_is_measured_over_the_time_it_has_run() -> None:
+    clock = Clock()
+    rate = DrainRate(clock)
+    rate.add(8)  # the model's first batches: 8 requests in its first second ...
+    clock.t += 0.5
+    rate.add(8)
+    # ... 16 per second, not 16 over ten seconds (which would answer ceil(16 / 1.6) = 10)
+    assert rate.span() == 1 and rate.retry_after(16) == 1
+    assert rate.retry_after(48) == 3
+    clock.t += 2.5  # three seconds of it: 16 over 3 s
+    assert rate.span() == 3 and rate.retry_after(16) == 3
+    # a model idle for a whole window starts counting again at its next batch
+    clock.t += WINDOW_S
+    rate.add(4)
+    assert rate.span() == 1 and rate.retry_after(8) == 2
 
 
 def test_queue_compute_ratio_follows_nvidias_rule_over_the_last_minute() -> None:

@@ -184,7 +184,9 @@ class Scheduler:
                 f"already has {qp.max_queue_size} request(s) queued at priority level "
                 f"{level + 1} (max_queue_size {qp.max_queue_size})",
                 self._overload,
-                retry_after=self._drained.retry_after(len(self._queues[level])),
+                retry_after=self._drained.retry_after(
+                    len(self._queues[level]), all_busy=not self._idle
+                ),
             )
         now = time.monotonic_ns()
         timeout_ns = qp.timeout_ns
@@ -393,7 +395,9 @@ class Scheduler:
                                 f"Request timeout expired: model '{self.model}' version {self.version} "
                                 "did not start the request within its queue timeout",
                                 self._overload,
-                                retry_after=self._drained.retry_after(len(q)),
+                                retry_after=self._drained.retry_after(
+                                    len(q), all_busy=not self._idle
+                                ),
                             )
                         )
                     self._maybe_idle()
