@@ -44,6 +44,7 @@ class Server:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.name, self.http, self.grpc = name, http, grpc
+        self.metrics = 0  # the metrics port, where the starter knows it
         self.log = log.open("wb")
         self.proc = subprocess.Popen(
             list(cmd),
@@ -113,7 +114,9 @@ def start_sluice(
         "--metrics-address=127.0.0.1",
         *extra,
     ]
-    return Server("sluice", cmd, http, grpc, log, cwd, env)
+    srv = Server("sluice", cmd, http, grpc, log, cwd, env)
+    srv.metrics = metrics
+    return srv
 
 
 def served(srv: Server, model: str) -> int:
