@@ -42,7 +42,8 @@ def _wait_pending(srv, model: str, n: int) -> None:
 # server did, and when, recorded by the server side.
 # A negative INPUT0 waits instead until the file named by the "gate" parameter exists (the
 # test opens it once the server's state says what it waits for); while it waits, the file
-# "<gate>.held" exists (an execution has started and holds its instance).
+# "<gate>.held" exists (an execution has started and holds its instance), and
+# "<gate>.held.<pid>" for each worker process (instance) holding one.
 STAMP_PY = """
 import json
 import os
@@ -63,6 +64,7 @@ class TritonPythonModel:
             ms = float(x.reshape(-1)[0])
             if ms < 0:
                 open(self.gate + ".held", "a").close()
+                open(self.gate + ".held." + str(os.getpid()), "a").close()
             while ms < 0 and not os.path.exists(self.gate):
                 time.sleep(0.005)
             time.sleep(max(ms, 0) / 1000.0)
@@ -336,6 +338,9 @@ def test_instance_count_runs_concurrently(tmp_path: Path, start_server):
     sender = _Async(srv, workers=4)
     held = [sender.async_infer("four", _stamp_inp(-1, batched=False)) for _ in range(4)]
     _wait_pending(srv, "four", 4)
+    # pending counts a request from its arrival: wait until each of the four instances holds
+    # one (an instance still reading its request when the gate opens would start too late)
+    wait_until(lambda: len(list(tmp_path.glob("gate.held.*"))) == 4, what="four executions holding")
     gate.touch()
     assert _most_at_once([_stamps(f.result()) for f in held]) == 4
     sender.close()
