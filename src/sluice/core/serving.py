@@ -381,6 +381,9 @@ class Serving:
             request.trace.model_version = sv.spec.version
         sv, batch, key = self._admit(request, sv)
         if not sv.decoupled:
+            if sv.cached:  # the cache serves a stream's requests too, as Triton's core does
+                yield await self._cached(sv, request, batch, key, arrival)
+                return
             response = await self._submit(sv, request, batch, key, arrival)
             yield self._done(sv, request, response, arrival)  # final by default
             return
