@@ -7,12 +7,14 @@ process (pid, parent, modules, environment) and from the server's process tree."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests import zoo
@@ -141,12 +143,35 @@ def test_a_killed_fork_server_is_replaced_and_its_workers_with_it(
     before = who(srv, "who_a")
     assert before["ppid"] == first.pid
     os.kill(first.pid, signal.SIGKILL)
-    # its worker dies with it (PR_SET_PDEATHSIG) and is restarted by a new fork server
+    # its worker dies with it (PR_SET_PDEATHSIG) and is restarted by a new fork server (whose
+    # imports take seconds on a loaded machine: a generous wait, and what it saw if it fails)
     wait_until(
         lambda: [p.pid for p in srv.workers()] not in ([], [before["pid"]]),
+        timeout=60.0,
         what="the replacement worker",
+        describe=lambda: _tree(srv.proc.pid, before["pid"], first.pid),
     )
     after = who(srv, "who_a")
     second = srv.fork_server()
     assert second is not None and second.pid != first.pid
     assert after["ppid"] == second.pid and after["pid"] != before["pid"], (before, after)
+
+
+def _tree(server_pid: int, worker_pid: int, zygote_pid: int) -> str:
+    """The processes under the server (pid, parent, name, state) and whether the killed fork
+    server and its worker still exist: which of them the server failed to see gone."""
+    rows = []
+    for p in psutil.Process(server_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            rows.append(f"{p.pid}<-{p.ppid()} {p.name()} {p.status()}")
+    gone = {
+        "old worker": worker_pid,
+        "old fork server": zygote_pid,
+    }
+    states = []
+    for what, pid in gone.items():
+        try:
+            states.append(f"{what} {pid} {psutil.Process(pid).status()}")
+        except psutil.NoSuchProcess:
+            states.append(f"{what} {pid} gone")
+    return "; ".join(rows + states) or "no process under the server"
