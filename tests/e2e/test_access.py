@@ -332,10 +332,11 @@ def test_ops_cli_sends_the_key(repo: Path, tmp_path: Path) -> None:
         )
         assert res.returncode == 0, res.stderr
         assert any(row["name"] == "identity" for row in json.loads(res.stdout))
-        # sluice perf over gRPC (its own HTTP/2 client) and HTTP with the key
+        # sluice perf over gRPC (its own HTTP/2 client) and HTTP with the key; the point is the key,
+        # not the figures: a stability bound no busy machine misses
         perf = [sys.executable, "-m", "sluice", "perf", "-m", "identity", "--shape", "INPUT0:1",
                 "--measurement-mode", "count_windows", "--measurement-request-count", "15",
-                "-s", "100", "-r", "10", "--no-progress"]  # fmt: skip
+                "-s", "99999", "-r", "10", "--no-progress"]  # fmt: skip
         res = subprocess.run([*perf, "-i", "grpc", "-u", srv.grpc], capture_output=True,
                              text=True, env=env, timeout=120)  # fmt: skip
         assert res.returncode != 0 and "UNAUTHENTICATED" in res.stdout + res.stderr
