@@ -4,12 +4,15 @@ judged by what it serves, its repository index and its download counters."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -625,3 +628,73 @@ def test_torchscript_model_served_from_s3(moto: Moto, start_server, tmp_path: Pa
         ins[1].set_data_from_numpy(s)
         out = client.infer("named", ins).as_numpy("OUTPUT__0")
     np.testing.assert_allclose(out, v * s)
+
+
+def answer(srv, model: str) -> list[float]:  # type: ignore[no-untyped-def]
+    """OUTPUT0 of ``model`` for INPUT0 = 1.0 (the request must succeed)."""
+    code, body = infer_fp32(srv, model, 1.0)
+    assert code == 200, body
+    return list(body["outputs"][0]["data"])
+
+
+def test_a_load_with_file_overrides_runs_the_given_files_not_the_buckets(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    """Triton's load with ``config`` and ``file:`` parameters, for a model whose repository is
+    a bucket: the files given run, and stay in force until the bucket's files change."""
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "m", [1])
+    moto.upload(bucket, src)
+    srv = serve_s3(start_server, tmp_path, moto.url(bucket), "--model-control-mode=explicit")
+    assert post(srv, "/v2/repository/models/m/load") == (200, b"")
+    assert answer(srv, "m") == [2.0]  # version 1 adds 1
+    config = {
+        "name": "m",
+        "backend": "python",
+        "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
+    model_py = textwrap.dedent(version_model_py(40)).encode()
+    code, raw = post(
+        srv,
+        "/v2/repository/models/m/load",
+        {
+            "parameters": {
+                "config": json.dumps(config),
+                "file:1/model.py": base64.b64encode(model_py).decode(),
+            }
+        },
+    )
+    assert (code, raw) == (200, b""), raw
+    assert answer(srv, "m") == [41.0]  # the given model.py, not the bucket's
+    # a plain load keeps the override in force while the bucket's files are unchanged; once
+    # they change, it loads them and drops the override (as on a directory, and in Triton)
+    assert post(srv, "/v2/repository/models/m/load") == (200, b"")
+    assert answer(srv, "m") == [41.0]
+    moto.put(bucket, "models/m/1/model.py", textwrap.dedent(version_model_py(7)))
+    assert post(srv, "/v2/repository/models/m/load") == (200, b"")
+    assert answer(srv, "m") == [8.0]
+
+
+def test_triton_aws_mount_directory_holds_the_mirror(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    """``TRITON_AWS_MOUNT_DIRECTORY``: the files of an S3 repository are mirrored there (under
+    ``sluice-mirrors/``), not under the cache directory."""
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "m", [1])
+    moto.upload(bucket, src)
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    srv = serve_s3(
+        start_server, tmp_path, moto.url(bucket), env={"TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
+    )
+    assert answer(srv, "m") == [2.0]
+    mirrored = sorted(p.relative_to(mount).parts[2:] for p in mount.rglob("*") if p.is_file())
+    assert ("m", "1", "model.py") in mirrored and ("m", "config.pbtxt") in mirrored, mirrored
+    assert [p.name for p in mount.iterdir()] == ["sluice-mirrors"]
+    # the cache directory holds the objects (named by their content), no mirror
+    assert not list((tmp_path / "cache").rglob("model.py"))
