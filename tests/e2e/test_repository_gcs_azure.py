@@ -5,6 +5,9 @@ version deleted, and a warm restart downloads nothing."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,3 +79,36 @@ def test_poll_add_delete_and_warm_restart(store, start_server, tmp_path: Path) -
     assert counter(again, "sluice_repository_download_bytes_total", scheme) == 0
     # the listing now: config.pbtxt and 2/model.py, both in the cache
     assert counter(again, "sluice_repository_cache_hits_total", scheme) == 2
+
+
+def test_a_missing_bucket_stops_the_start_naming_the_url(store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A repository URL whose bucket (container) the store does not have: the start fails
+    (exit 1, as Triton's does for an unreadable repository), the message names the URL and
+    what failed, and no secret of the store's credentials appears in it."""
+    url = store.url("models").replace(store.bucket, "no-such-bucket", 1)
+    (tmp_path / "local").mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            f"--model-repository={tmp_path / 'local'}",
+            f"--model-repository={url}",
+            f"--repository-cache-dir={tmp_path / 'cache'}",
+            "--http-port=0",
+            "--grpc-port=0",
+            "--metrics-port=0",
+        ],
+        env={**os.environ, **store.env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    line = next((x for x in out.splitlines() if f"model repository {url}: " in x), "")
+    assert line.split(f"model repository {url}: ", 1)[1].strip(), out  # says what failed
+    for secret in ("AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_KEY"):
+        if store.env().get(secret):
+            assert store.env()[secret] not in out

@@ -698,3 +698,52 @@ def test_triton_aws_mount_directory_holds_the_mirror(
     assert [p.name for p in mount.iterdir()] == ["sluice-mirrors"]
     # the cache directory holds the objects (named by their content), no mirror
     assert not list((tmp_path / "cache").rglob("model.py"))
+
+
+def test_credentials_from_triton_cloud_credential_path(
+    moto: Moto, start_server, tmp_path: Path
+) -> None:
+    """``TRITON_CLOUD_CREDENTIAL_PATH`` alone (no AWS variables): a repository under one of
+    its ``s3`` prefixes is served; one under none stops the start with Triton's words, naming
+    the path and not the secret."""
+    served, other = new_bucket(moto), new_bucket(moto)
+    src = tmp_path / "src"
+    versioned_model(src, "m", [1])
+    moto.upload(served, src)
+    moto.upload(other, src)
+    creds = tmp_path / "creds.json"
+    prefix = f"s3://127.0.0.1:{moto.port}/{served}"
+    entry = {"key_id": KEY_ID, "secret_key": SECRET, "region": "us-east-1"}
+    creds.write_text(json.dumps({"s3": {prefix: entry}}))
+    no_aws = {k: "" for k in creds_env()} | {"TRITON_CLOUD_CREDENTIAL_PATH": str(creds)}
+    local = tmp_path / "local"
+    local.mkdir()
+    srv = start_server(
+        local,
+        f"--model-repository={moto.url(served)}",
+        f"--repository-cache-dir={tmp_path / 'cache'}",
+        env=no_aws,
+    )
+    assert answer(srv, "m") == [2.0]
+    # a repository under no prefix of the file stops the start, as an unreadable one does
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            f"--model-repository={moto.url(other)}",
+            f"--repository-cache-dir={tmp_path / 'cache2'}",
+            "--http-port=0",
+            "--grpc-port=0",
+            "--metrics-port=0",
+        ],
+        env={**os.environ, **no_aws},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f"Cannot match credential for path {moto.url(other)}" in out, out
+    assert SECRET not in out
