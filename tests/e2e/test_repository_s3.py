@@ -24,7 +24,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import free_port
 from tests.e2e.helpers import index_entries, infer_fp32, post, wait_until
-from tests.zoo import version_model_py, versioned_model
+from tests.zoo import copy_example, version_model_py, versioned_model
+from tests.zoo_bls import bls
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("obstore")
@@ -747,3 +748,33 @@ def test_credentials_from_triton_cloud_credential_path(
     assert proc.returncode == 1, out
     assert f"Cannot match credential for path {moto.url(other)}" in out, out
     assert SECRET not in out
+
+
+def test_bls_from_a_local_model_to_a_model_in_s3(moto: Moto, start_server, tmp_path: Path) -> None:
+    """A python model of the local repository calls, through BLS, a model that only the bucket
+    holds (``add_sub``): its answer is the bucket's model's, and that model counted the call."""
+    bucket = new_bucket(moto)
+    src = tmp_path / "src"
+    src.mkdir()
+    copy_example(src, "add_sub")
+    moto.upload(bucket, src)
+    local = tmp_path / "local"
+    bls(local, "bls_add")
+    srv = start_server(
+        local,
+        f"--model-repository={moto.url(bucket)}",
+        f"--repository-cache-dir={tmp_path / 'cache'}",
+        env=creds_env(),
+    )
+    a = np.array([[1, 2, 3, 4]], dtype=np.float32)
+    b = np.array([[10, 20, 30, 40]], dtype=np.float32)
+    with httpclient.InferenceServerClient(srv.http) as client:
+        inputs = []
+        for name, arr in (("INPUT0", a), ("INPUT1", b)):
+            inp = httpclient.InferInput(name, list(arr.shape), "FP32")
+            inp.set_data_from_numpy(arr)
+            inputs.append(inp)
+        out = client.infer("bls_add", inputs).as_numpy("OUTPUT0")
+        assert out.tolist() == (a + b).tolist()
+        stats = client.get_inference_statistics("add_sub")["model_stats"][0]
+        assert int(stats["inference_stats"]["success"]["count"]) == 1
