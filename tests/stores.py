@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import email.utils
 import hashlib
 import hmac
@@ -108,6 +109,7 @@ __all__ = [
     "AZURITE_ACCOUNT",
     "AZURITE_KEY",
     "AzureServer",
+    "FaultyProxy",
     "GcsServer",
     "ObjectInfo",
     "S3Server",
@@ -266,6 +268,12 @@ class StoreServer:
         raise NotImplementedError
 
     def obstore_kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def through(self, endpoint: str, prefix: str = "") -> tuple[str, dict[str, str]]:
+        """(``url(prefix)``, ``env()``) for reaching this bucket at ``endpoint``
+        (``http://127.0.0.1:PORT``: a ``FaultyProxy`` in front of this server, or an address
+        where nothing answers) instead of this server's own."""
         raise NotImplementedError
 
     # -- shared ---------------------------------------------------------------------------
@@ -494,6 +502,10 @@ class S3Server(StoreServer):
     def url(self, prefix: str = "") -> str:
         return f"s3://127.0.0.1:{self.port}/{self.bucket}/{prefix}".rstrip("/")
 
+    def through(self, endpoint: str, prefix: str = "") -> tuple[str, dict[str, str]]:
+        host = endpoint.split("://", 1)[1]
+        return f"s3://{host}/{self.bucket}/{prefix}".rstrip("/"), self.env()
+
     def env(self) -> dict[str, str]:
         return {
             "AWS_ACCESS_KEY_ID": self.access_key,
@@ -609,6 +621,9 @@ class GcsServer(StoreServer):
 
     def url(self, prefix: str = "") -> str:
         return f"gs://{self.bucket}/{prefix}".rstrip("/")
+
+    def through(self, endpoint: str, prefix: str = "") -> tuple[str, dict[str, str]]:
+        return self.url(prefix), {"CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint}
 
     def env(self) -> dict[str, str]:
         return {"CLOUD_STORAGE_EMULATOR_ENDPOINT": self.endpoint}
@@ -742,6 +757,12 @@ class AzureServer(StoreServer):
     def url(self, prefix: str = "") -> str:
         return f"as://{AZURITE_ACCOUNT}/{self.bucket}/{prefix}".rstrip("/")
 
+    def through(self, endpoint: str, prefix: str = "") -> tuple[str, dict[str, str]]:
+        return self.url(prefix), {
+            **self.env(),
+            "AZURE_STORAGE_ENDPOINT": f"{endpoint}/{AZURITE_ACCOUNT}",
+        }
+
     def env(self) -> dict[str, str]:
         return {
             "AZURE_STORAGE_ACCOUNT": AZURITE_ACCOUNT,
@@ -758,6 +779,131 @@ class AzureServer(StoreServer):
             },
             "client_options": {"allow_http": True},
         }
+
+
+class FaultyProxy:
+    """An HTTP proxy on 127.0.0.1 in front of one store server, for the faults a store can
+    have that the store servers cannot be told to have. Every request is forwarded to the
+    store (its Host header rewritten to the store's, which fake-gcs-server reads), and its
+    answer sent back, except for a request whose method and path match a rule:
+
+    - ``stall(method, part)``: the store's answer is sent with its headers and the first half
+      of its body, then nothing more until ``stop()`` (a store that stops answering in the
+      middle of a download);
+    - ``delete_first(method, part, store)``: the object is deleted from the store (through
+      its own API) before the request is forwarded (an object deleted while it is read).
+
+    ``part`` is matched against the request's path with ``%2F`` read as ``/``. ``hits``
+    counts the requests each rule matched. A thread per connection; ``stop()`` ends them."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import threading
+
+        self.upstream = upstream.split("://", 1)[1]  # host:port
+        self.rules: builtins.list[tuple[str, str, str, StoreServer | None]] = []
+        self.hits: dict[str, int] = {}
+        self.released = threading.Event()
+        self._open: set[socket.socket] = set()  # connections being served (keep-alive)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                proxy._open.add(self.connection)
+
+            def finish(self) -> None:
+                proxy._open.discard(self.connection)
+                super().finish()
+
+            def _any(self) -> None:
+                proxy._handle(self)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stall(self, method: str, part: str) -> None:
+        self.rules.append((method, part, "stall", None))
+
+    def delete_first(self, method: str, part: str, store: StoreServer) -> None:
+        self.rules.append((method, part, "delete", store))
+
+    def _rule(self, method: str, path: str) -> tuple[str, str, str, StoreServer | None] | None:
+        plain = urllib.parse.unquote(path)
+        for rule in self.rules:
+            if rule[0] == method and rule[1] in plain:
+                self.hits[rule[1]] = self.hits.get(rule[1], 0) + 1
+                return rule
+        return None
+
+    def _handle(self, h: Any) -> None:
+        import http.client
+
+        method, path = h.command, h.path
+        body = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        rule = self._rule(method, path)
+        if rule is not None and rule[2] == "delete":
+            key = rule[1]
+            assert rule[3] is not None
+            rule[3].delete(key)
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in ("host", "connection")}
+        headers["Host"] = self.upstream
+        conn = http.client.HTTPConnection(self.upstream, timeout=REQUEST_TIMEOUT_S)
+        try:
+            conn.request(method, path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            sent = resp.getheaders()  # a list: X-Goog-Hash comes twice
+        finally:
+            conn.close()
+        h.send_response(resp.status, resp.reason)
+        for k, v in sent:
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                h.send_header(k, v)
+        if method == "HEAD":  # the store's length of what a GET would send
+            h.send_header("Content-Length", resp.getheader("Content-Length") or "0")
+            h.end_headers()
+            return
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        if rule is not None and rule[2] == "stall":
+            h.wfile.write(data[: len(data) // 2])
+            h.wfile.flush()
+            self.released.wait()
+            h.close_connection = True
+            return
+        h.wfile.write(data)
+
+    def stop(self) -> None:
+        """Stop listening and end every connection (a client's pooled keep-alive connection
+        would otherwise still reach the store through it)."""
+        self.released.set()
+        self._server.shutdown()
+        self._server.server_close()
+        for conn in list(self._open):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "the proxy did not stop"
+
+    def __enter__(self) -> FaultyProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _selftest() -> None:  # pragma: no cover - a manual check: python -m tests.stores

@@ -6,8 +6,10 @@ control, statistics). Front-ends only translate wire formats to these calls and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ from .tracing import Tracer, parse_trace_flags
 from .types import InferRequest, InferResponse
 
 __all__ = ["InferenceService", "EXTENSIONS"]
+
+log = logging.getLogger("sluice.manager")
 
 EXTENSIONS = [
     "sequence",
@@ -300,13 +304,24 @@ class InferenceService:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.manager.index(ready_only)
 
+    @contextlib.contextmanager
+    def _loading(self, name: str, version: Any = "") -> Iterator[None]:
+        """A load's outcome in the control events; a failure also in the log, as Triton
+        logs a failed load (the client has it in its answer; the operator, here)."""
+        with self.events.record("load", name, version):
+            try:
+                yield
+            except ServerError as exc:
+                log.error("%s", exc)
+                raise
+
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """A whole-model load; with the parameter "version" (gRPC's way), that version alone."""
         if parameters and "version" in parameters:
             rest = {k: v for k, v in parameters.items() if k != "version"}
             await self.load_model_version(name, parameters["version"], rest or None)
             return
-        with self.events.record("load", name):
+        with self._loading(name):
             check_model_name(name)
             self._check_control()
             if not self._accepting:
@@ -340,7 +355,7 @@ class InferenceService:
         self, name: str, version: Any, parameters: dict[str, Any] | None = None
     ) -> None:
         """Load (or refresh) one version beside the serving ones (``repository/versions.py``)."""
-        with self.events.record("load", name, version):
+        with self._loading(name, version):
             check_model_name(name)
             self._check_control()
             if not self._accepting:

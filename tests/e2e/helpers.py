@@ -7,6 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gevent
@@ -143,3 +144,46 @@ def perf_analyzer() -> str:
             "could not install it on this machine; its output says why"
         )
     return on_path
+
+
+def serve_beside(  # type: ignore[no-untyped-def]
+    start_server, tmp_path: Path, url: str, env: dict[str, str], *flags: str
+):
+    """A server in explicit mode over a local repository whose model ``here`` is loaded, plus
+    the repository ``url`` (object storage); a failure to read ``url`` at the start does not
+    stop it; an audit log in ``tmp_path``."""
+    from tests.zoo import versioned_model
+
+    local = tmp_path / "local"
+    versioned_model(local, "here", [1])
+    srv = start_server(
+        local,
+        f"--model-repository={url}",
+        f"--repository-cache-dir={tmp_path / 'cache'}",
+        "--model-control-mode=explicit",
+        "--load-model=here",
+        "--exit-on-error=false",
+        f"--audit-log={tmp_path / 'audit.jsonl'}",
+        *flags,
+        env=env,
+    )
+    srv.audit_log = tmp_path / "audit.jsonl"
+    return srv
+
+
+def load_fails(srv, model: str, want: str, secret: str = "") -> str:  # type: ignore[no-untyped-def]
+    """Loading ``model`` answers 400 with ``want`` in its message, which the log and the
+    audit log (``--audit-log`` of ``serve_beside``) give too; ``here`` keeps serving;
+    ``secret`` appears nowhere. The message."""
+    code, body = post(srv, f"/v2/repository/models/{model}/load", timeout=60)
+    text = body.decode()
+    assert code == 400, text
+    assert want in text, text
+    assert infer_fp32(srv, "here", 1.0)[0] == 200
+    audit = Path(srv.audit_log).read_text()
+    assert json.dumps(want)[1:-1] in audit, audit  # as a JSON string holds it
+    log = srv.log()
+    assert want in log
+    for where in (text, log, audit):
+        assert not secret or secret not in where
+    return text

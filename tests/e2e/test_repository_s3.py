@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import free_port
-from tests.e2e.helpers import index_entries, infer_fp32, post, wait_until
+from tests.e2e.helpers import index_entries, infer_fp32, load_fails, post, serve_beside, wait_until
 from tests.zoo import copy_example, version_model_py, versioned_model
 from tests.zoo_bls import bls
 
@@ -39,11 +39,13 @@ KEY_ID, SECRET = "AKIDSLUICETEST", "s3cr3t-never-shown-0123456789"
 class Moto:
     """``moto_server`` on 127.0.0.1 (a free port; retried if another process took it)."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, tls: Path | None = None) -> None:
+        # tls: a directory with server.crt / server.key (signed by its ca.crt): HTTPS
+        cert = ["-c", str(tls / "server.crt"), "-k", str(tls / "server.key")] if tls else []
         for _attempt in range(5):
             self.port = free_port()
             self.proc = subprocess.Popen(
-                [str(MOTO), "-H", "127.0.0.1", "-p", str(self.port)],
+                [str(MOTO), "-H", "127.0.0.1", "-p", str(self.port), *cert],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})},
@@ -54,10 +56,11 @@ class Moto:
             self.stop()
         else:
             raise RuntimeError("moto_server did not start")
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.client = boto3.client(
             "s3",
             endpoint_url=self.endpoint,
+            verify=str(tls / "ca.crt") if tls else None,
             aws_access_key_id=KEY_ID,
             aws_secret_access_key=SECRET,
             region_name="us-east-1",
@@ -88,7 +91,8 @@ class Moto:
                 self.proc.wait(10)
 
     def url(self, bucket: str, prefix: str = "models") -> str:
-        return f"s3://127.0.0.1:{self.port}/{bucket}/{prefix}"
+        https = "https://" if self.endpoint.startswith("https") else ""
+        return f"s3://{https}127.0.0.1:{self.port}/{bucket}/{prefix}"
 
     def upload(self, bucket: str, local: Path, prefix: str = "models") -> None:
         for path in sorted(local.rglob("*")):
@@ -322,29 +326,13 @@ def test_wrong_credentials_fail_the_load_with_400_naming_the_url(
     strict = Moto(env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
     try:
         url = strict.url("any-bucket")
-        local = tmp_path / "local"
-        versioned_model(local, "here", [1])
-        srv = start_server(
-            local,
-            f"--model-repository={url}",
-            f"--repository-cache-dir={tmp_path / 'cache'}",
-            "--model-control-mode=explicit",
-            "--load-model=here",
-            "--exit-on-error=false",
-            f"--audit-log={tmp_path / 'audit.jsonl'}",
-            env=creds_env(),
+        srv = serve_beside(start_server, tmp_path, url, creds_env())
+        load_fails(
+            srv,
+            "anything",
+            f"model repository {url}: cannot list objects: InvalidAccessKeyId",
+            SECRET,
         )
-        code, body = post(srv, "/v2/repository/models/anything/load")
-        text = body.decode()
-        assert code == 400, text
-        assert f"model repository {url}: cannot list objects: InvalidAccessKeyId" in text
-        # the local repository's model keeps serving
-        assert infer_fp32(srv, "here", 1.0)[0] == 200
-        log = srv.log()
-        assert f"model repository {url}" in log
-        assert SECRET not in log and SECRET not in text
-        audit = (tmp_path / "audit.jsonl").read_text()
-        assert "anything" in audit and "InvalidAccessKeyId" in audit and SECRET not in audit
     finally:
         strict.stop()
 
@@ -493,40 +481,6 @@ def test_ensemble_in_s3_over_an_onnx_model_in_s3_and_a_python_model_on_disk(
         inp.set_data_from_numpy(x)
         got = client.infer("pipe", [inp]).as_numpy("OUT")
     np.testing.assert_allclose(got, want, rtol=1e-5)
-
-
-def test_a_store_that_never_answers_fails_the_load_within_the_timeout(
-    start_server, tmp_path: Path
-) -> None:
-    import socket
-
-    # accepts connections (the kernel's backlog) and never answers a request
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(64)
-        url = f"s3://127.0.0.1:{silent.getsockname()[1]}/bucket/models"
-        local = tmp_path / "local"
-        versioned_model(local, "here", [1])
-        srv = start_server(
-            local,
-            f"--model-repository={url}",
-            f"--repository-cache-dir={tmp_path / 'cache'}",
-            "--repository-timeout-secs=1",
-            "--model-control-mode=explicit",
-            "--load-model=here",
-            "--exit-on-error=false",
-            env=creds_env(),
-        )
-        t0 = time.monotonic()
-        code, body = post(srv, "/v2/repository/models/adder/load", timeout=30)
-        took = time.monotonic() - t0
-        assert code == 400, body
-        assert (
-            f"model repository {url}: cannot list objects: the store did not answer within "
-            "--repository-timeout-secs=1" in body.decode()
-        )
-        assert took < 10, took
-        assert infer_fp32(srv, "here", 1.0)[0] == 200
 
 
 def test_control_state_restores_a_model_of_s3_with_its_config_override(
@@ -679,28 +633,6 @@ def test_a_load_with_file_overrides_runs_the_given_files_not_the_buckets(
     assert answer(srv, "m") == [8.0]
 
 
-def test_triton_aws_mount_directory_holds_the_mirror(
-    moto: Moto, start_server, tmp_path: Path
-) -> None:
-    """``TRITON_AWS_MOUNT_DIRECTORY``: the files of an S3 repository are mirrored there (under
-    ``sluice-mirrors/``), not under the cache directory."""
-    bucket = new_bucket(moto)
-    src = tmp_path / "src"
-    versioned_model(src, "m", [1])
-    moto.upload(bucket, src)
-    mount = tmp_path / "mount"
-    mount.mkdir()
-    srv = serve_s3(
-        start_server, tmp_path, moto.url(bucket), env={"TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
-    )
-    assert answer(srv, "m") == [2.0]
-    mirrored = sorted(p.relative_to(mount).parts[2:] for p in mount.rglob("*") if p.is_file())
-    assert ("m", "1", "model.py") in mirrored and ("m", "config.pbtxt") in mirrored, mirrored
-    assert [p.name for p in mount.iterdir()] == ["sluice-mirrors"]
-    # the cache directory holds the objects (named by their content), no mirror
-    assert not list((tmp_path / "cache").rglob("model.py"))
-
-
 def test_credentials_from_triton_cloud_credential_path(
     moto: Moto, start_server, tmp_path: Path
 ) -> None:
@@ -778,3 +710,42 @@ def test_bls_from_a_local_model_to_a_model_in_s3(moto: Moto, start_server, tmp_p
         assert out.tolist() == (a + b).tolist()
         stats = client.get_inference_statistics("add_sub")["model_stats"][0]
         assert int(stats["inference_stats"]["success"]["count"]) == 1
+
+
+def test_s3_over_https_with_the_stores_ca_in_ssl_cert_file(start_server, tmp_path: Path) -> None:
+    """``s3://https://host:port/bucket/path``: the store (moto over TLS, its certificate signed
+    by a CA made here with openssl) is read over HTTPS when its CA is named by SSL_CERT_FILE;
+    without it, the load fails naming the URL and the untrusted certificate."""
+    certs = tmp_path / "certs"
+    certs.mkdir()
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=certs, check=True, capture_output=True)
+
+    key = ["-newkey", "rsa:2048", "-nodes"]
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=sluice-test-store-ca")  # fmt: skip
+    (certs / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=store")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    store = Moto(tls=certs)
+    try:
+        bucket = new_bucket(store)
+        src = tmp_path / "src"
+        versioned_model(src, "m", [1])
+        store.upload(bucket, src)
+        url = store.url(bucket)
+        assert url.startswith("s3://https://127.0.0.1:")
+        srv = serve_s3(start_server, tmp_path, url, env={"SSL_CERT_FILE": str(certs / "ca.crt")})
+        assert answer(srv, "m") == [2.0]
+
+        untrusting = serve_beside(start_server, tmp_path / "untrusting", url, creds_env())
+        load_fails(
+            untrusting,
+            "m",
+            f"model repository {url}: cannot list objects: the store's TLS certificate is not "
+            "trusted (UnknownIssuer): name its CA in SSL_CERT_FILE",
+        )
+    finally:
+        store.stop()

@@ -34,3 +34,32 @@ def test_status_without_a_body_and_secrets_scrubbed() -> None:
     other = "weird failure mentioning Sekr3t-Value twice: Sekr3t-Value"
     out = describe_error(Exception(other), ["Sekr3t-Value"])
     assert "Sekr3t-Value" not in out and "***" in out
+
+
+def test_a_failed_token_request_names_the_token_endpoint_not_the_store() -> None:
+    text = (
+        "Generic GCS error: Error performing token request: Error performing POST "
+        "https://accounts.google.com/o/oauth2/token in 1.3ms - HTTP error: error sending "
+        'request\n ... ConnectError(\n "dns error", ...'
+    )
+    assert describe_error(Exception(text), []) == (
+        "cannot get an access token from https://accounts.google.com/o/oauth2/token: "
+        "cannot resolve the token endpoint's host name"
+    )
+
+
+def test_an_untrusted_certificate_says_how_to_trust_it() -> None:
+    text = (
+        "Generic S3 error: Error performing list request: ... HTTP error: error sending "
+        "request\n ... error: InvalidCertificate(\n    UnknownIssuer,\n ),"
+    )
+    assert describe_error(Exception(text), []) == (
+        "the store's TLS certificate is not trusted (UnknownIssuer): name its CA in SSL_CERT_FILE"
+    )
+
+
+def test_a_client_message_loses_the_clients_prefix() -> None:
+    text = "Generic GCS error: Unable to decode service account file: EOF while parsing"
+    assert describe_error(Exception(text), []) == (
+        "Unable to decode service account file: EOF while parsing"
+    )

@@ -71,27 +71,38 @@ class ObjectInfo:
 
 def describe_error(exc: BaseException, secrets: list[str]) -> str:
     """A short account of a store failure: the store's error code and message where it
-    sent them, else the first line of the client's message; secrets replaced by '***'."""
+    sent them, else the first line of the client's message; secrets replaced by '***'. A
+    failure to get an access token (GCS) names the token endpoint, not the store."""
     text = str(exc)
+    token = re.search(r"Error performing token request: Error performing \w+ (\S+)", text)
     code = re.search(r"<Code>([^<]*)</Code>", text)
     msg = re.search(r"<Message>([^<]*)</Message>", text)
+    peer = "the token endpoint" if token is not None else "the store"
     if code is not None:
         out = code.group(1) + (f": {msg.group(1)}" if msg is not None else "")
     elif re.search(r"connection refused|Connection refused|tcp connect error", text):
-        out = "connection refused (is the store's endpoint right and up?)"
+        out = f"connection refused (is {peer}'s address right, and is it up?)"
+    elif "InvalidCertificate(" in text:
+        why = re.search(r"InvalidCertificate\(\s*(\w+)", text)
+        out = (
+            f"{peer}'s TLS certificate is not trusted ({why.group(1) if why else 'invalid'}): "
+            "name its CA in SSL_CERT_FILE"
+        )
     elif "dns error" in text:
-        out = "cannot resolve the store's host name"
+        out = f"cannot resolve {peer}'s host name"
     elif "error sending request" in text:
-        out = "cannot reach the store (error sending request)"
+        out = f"cannot reach {peer} (error sending request)"
     elif "timed out" in text or "operation timed out" in text or "deadline" in text:
-        out = "the store did not answer in time"
+        out = f"{peer} did not answer in time"
     else:
         m = re.search(r"Server returned non-2xx status code: ([^:\n]*)", text)
         if m is not None:
-            out = f"the store answered {m.group(1)}"
+            out = f"{peer} answered {m.group(1)}"
         else:
             out = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-            out = out[:300]
+            out = re.sub(r"^Generic [\w ]+ error: ", "", out)[:300]
+    if token is not None:
+        out = f"cannot get an access token from {token.group(1)}: {out}"
     for s in secrets:
         out = out.replace(s, "***")
     return out
@@ -143,6 +154,7 @@ class Store:
         timeout_s: float,
         client: Any,
         checksums: ChecksumSource | None = None,
+        broken: RepositoryError | None = None,
     ) -> None:
         self.url = url
         self.creds = creds
@@ -151,6 +163,9 @@ class Store:
         self._checksums = checksums
         self._obstore = _import_obstore()
         self.secrets = secrets_of(creds)
+        # the client could not be made (an unreadable key file): every listing fails so,
+        # as an unreachable store's does, and the server decides as for any other failure
+        self._broken = broken
 
     def error(self, what: str, exc: BaseException, key: str = "") -> RepositoryError:
         where = self.url.object_url(key) if key else self.url.url
@@ -160,6 +175,8 @@ class Store:
 
     async def list_once(self) -> list[ObjectInfo]:
         """Every object under the repository's prefix ("directory" markers left out)."""
+        if self._broken is not None:
+            raise self._broken
         out: list[ObjectInfo] = []
         try:
             async for batch in self._obstore.list(self._client, prefix=self.url.prefix or None):
@@ -309,10 +326,11 @@ class Store:
 def open_store(
     url: StoreUrl, creds: Credentials, env: Mapping[str, str], timeout_s: float
 ) -> Store:
-    """A client for ``url`` with ``creds``; nothing is sent until the first list."""
-    obstore = _import_obstore()
-    from obstore.store import AzureStore, GCSStore, S3Store
-
+    """A client for ``url`` with ``creds``; nothing is sent until the first list. A client
+    that cannot be made (a key file that cannot be read) gives a Store whose every listing
+    fails, naming the URL, where the credentials came from and what was wrong (as an
+    unreachable store's listing fails: at the start, in a load, in a poll)."""
+    _import_obstore()
     # connecting is bounded by the timeout; a request as a whole by a generous multiple of it
     # (a large model downloads for longer than any one wait: Store bounds each wait)
     client_options: Any = {
@@ -323,65 +341,89 @@ def open_store(
         "max_retries": 2,
         "retry_timeout": datetime.timedelta(seconds=max(1.0, timeout_s)),
     }
-    del obstore
-    client: Any
-    checksums: ChecksumSource | None = None
-    if url.scheme == "s3":
-        kw: dict[str, Any] = {"virtual_hosted_style_request": False}
-        if url.endpoint:
-            kw["endpoint"] = url.endpoint
-            client_options["allow_http"] = url.endpoint.startswith("http://")
-        kw["region"] = creds.region or "us-east-1"
-        if creds.key_id and creds.secret_key:
-            kw["access_key_id"] = creds.key_id
-            kw["secret_access_key"] = creds.secret_key
-            if creds.session_token:
-                kw["session_token"] = creds.session_token
-        else:
-            kw["skip_signature"] = True
-        client = S3Store(url.bucket, client_options=client_options, retry_config=retry, **kw)
-    elif url.scheme == "gs":
-        gkw: dict[str, Any] = {}
-        emulator = env.get("CLOUD_STORAGE_EMULATOR_ENDPOINT", "") or env.get(
-            "STORAGE_EMULATOR_HOST", ""
+    make = {"s3": _s3_client, "gs": _gcs_client}.get(url.scheme, _azure_client)
+    try:
+        client, checksums = make(url, creds, env, client_options, retry)
+    except Exception as exc:
+        broken = RepositoryError(
+            f"model repository {url.url}: cannot set up its client (credentials from "
+            f"{creds.source}): {describe_error(exc, secrets_of(creds))}"
         )
-        if emulator and "://" not in emulator:
-            emulator = f"http://{emulator}"
-        if emulator:
-            client_options["allow_http"] = emulator.startswith("http://")
-        if creds.gcs_key_file:
-            gkw["application_credentials"] = creds.gcs_key_file
-            if emulator:
-                gkw["base_url"] = emulator
-        else:
-            # anonymous: a key that turns OAuth off (obstore's skip_signature still asks the
-            # metadata server for a token), pointed at the service or the emulator
-            gkw["service_account_key"] = json.dumps(
-                {
-                    "gcs_base_url": emulator or "https://storage.googleapis.com",
-                    "disable_oauth": True,
-                    "client_email": "",
-                    "private_key": "",
-                    "private_key_id": "",
-                }
-            )
-        client = GCSStore(url.bucket, client_options=client_options, retry_config=retry, **gkw)
-        # the XML API's HEAD answers X-Goog-Hash; a key file signs its URL
-        base = emulator or "https://storage.googleapis.com"
-        checksums = ChecksumSource(f"{base}/{url.bucket}/", "HEAD" if creds.gcs_key_file else "")
-    else:
-        akw: dict[str, Any] = {"account_name": creds.account or url.account}
-        endpoint = env.get("AZURE_STORAGE_ENDPOINT", "")
-        if endpoint:
-            akw["endpoint"] = endpoint
-            client_options["allow_http"] = endpoint.startswith("http://")
-        if creds.account_key:
-            akw["account_key"] = creds.account_key
-        else:
-            akw["skip_signature"] = True
-        client = AzureStore(url.bucket, client_options=client_options, retry_config=retry, **akw)
-        account_url = endpoint or f"https://{akw['account_name']}.blob.core.windows.net"
-        checksums = ChecksumSource(
-            f"{account_url.rstrip('/')}/{url.bucket}/", "GET" if creds.account_key else ""
-        )
+        return Store(url, creds, timeout_s, None, broken=broken)
     return Store(url, creds, timeout_s, client, checksums)
+
+
+def _s3_client(
+    url: StoreUrl, creds: Credentials, env: Mapping[str, str], options: Any, retry: Any
+) -> tuple[Any, ChecksumSource | None]:
+    from obstore.store import S3Store
+
+    kw: dict[str, Any] = {"virtual_hosted_style_request": False}
+    if url.endpoint:
+        kw["endpoint"] = url.endpoint
+        options["allow_http"] = url.endpoint.startswith("http://")
+    kw["region"] = creds.region or "us-east-1"
+    if creds.key_id and creds.secret_key:
+        kw["access_key_id"] = creds.key_id
+        kw["secret_access_key"] = creds.secret_key
+        if creds.session_token:
+            kw["session_token"] = creds.session_token
+    else:
+        kw["skip_signature"] = True
+    return S3Store(url.bucket, client_options=options, retry_config=retry, **kw), None
+
+
+def _gcs_client(
+    url: StoreUrl, creds: Credentials, env: Mapping[str, str], options: Any, retry: Any
+) -> tuple[Any, ChecksumSource | None]:
+    from obstore.store import GCSStore
+
+    gkw: dict[str, Any] = {}
+    emulator = env.get("CLOUD_STORAGE_EMULATOR_ENDPOINT", "") or env.get(
+        "STORAGE_EMULATOR_HOST", ""
+    )
+    if emulator and "://" not in emulator:
+        emulator = f"http://{emulator}"
+    if emulator:
+        options["allow_http"] = emulator.startswith("http://")
+    if creds.gcs_key_file:
+        gkw["application_credentials"] = creds.gcs_key_file
+        if emulator:
+            gkw["base_url"] = emulator
+    else:
+        # anonymous: a key that turns OAuth off (obstore's skip_signature still asks the
+        # metadata server for a token), pointed at the service or the emulator
+        gkw["service_account_key"] = json.dumps(
+            {
+                "gcs_base_url": emulator or "https://storage.googleapis.com",
+                "disable_oauth": True,
+                "client_email": "",
+                "private_key": "",
+                "private_key_id": "",
+            }
+        )
+    client = GCSStore(url.bucket, client_options=options, retry_config=retry, **gkw)
+    # the XML API's HEAD answers X-Goog-Hash; a key file signs its URL
+    base = emulator or "https://storage.googleapis.com"
+    return client, ChecksumSource(f"{base}/{url.bucket}/", "HEAD" if creds.gcs_key_file else "")
+
+
+def _azure_client(
+    url: StoreUrl, creds: Credentials, env: Mapping[str, str], options: Any, retry: Any
+) -> tuple[Any, ChecksumSource | None]:
+    from obstore.store import AzureStore
+
+    akw: dict[str, Any] = {"account_name": creds.account or url.account}
+    endpoint = env.get("AZURE_STORAGE_ENDPOINT", "")
+    if endpoint:
+        akw["endpoint"] = endpoint
+        options["allow_http"] = endpoint.startswith("http://")
+    if creds.account_key:
+        akw["account_key"] = creds.account_key
+    else:
+        akw["skip_signature"] = True
+    client = AzureStore(url.bucket, client_options=options, retry_config=retry, **akw)
+    account_url = endpoint or f"https://{akw['account_name']}.blob.core.windows.net"
+    return client, ChecksumSource(
+        f"{account_url.rstrip('/')}/{url.bucket}/", "GET" if creds.account_key else ""
+    )
