@@ -379,3 +379,101 @@ def test_an_object_deleted_while_it_is_read_fails_the_load_and_the_loaded_versio
         assert infer_fp32(srv, "m", 1.0)[1]["outputs"][0]["data"] == [2.0]  # version 1
         ready = [e.get("version") for e in index_entries(srv, "m") if e.get("state") == "READY"]
         assert ready == ["1"]
+
+
+READS_OFFSET_PY = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        here = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(here, "offset.txt")) as f:
+            self.offset = float(f.read())
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t + self.offset)]))
+        return out
+"""
+
+
+def test_explicit_control_on_each_store(store, start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """What a directory does, on each store, through tritonclient: explicit control, a python
+    model that reads a file beside its model.py, a load with a config override, one version
+    loaded beside another, unload, the index; and ``sluice repo lint`` on the URL."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    src = tmp_path / "src"
+    versioned_model(src, "adder", [1, 2])
+    (src / "reader" / "1").mkdir(parents=True)
+    (src / "reader" / "1" / "model.py").write_text(READS_OFFSET_PY)
+    (src / "reader" / "1" / "offset.txt").write_text("10\n")
+    (src / "reader" / "config.pbtxt").write_text(
+        (src / "adder" / "config.pbtxt").read_text().replace('"adder"', '"reader"')
+    )
+    store.upload_tree(src, "models")
+    url = store.url("models")
+    local = tmp_path / "local"
+    local.mkdir()
+    srv = start_server(
+        local,
+        f"--model-repository={url}",
+        f"--repository-cache-dir={tmp_path / 'cache'}",
+        "--model-control-mode=explicit",
+        env=store.env(),
+    )
+    x = np.array([[1.0]], dtype=np.float32)
+
+    def infer(client, model: str, version: str = "") -> float:  # type: ignore[no-untyped-def]
+        inp = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(x)
+        return float(client.infer(model, [inp], model_version=version).as_numpy("OUTPUT0")[0, 0])
+
+    with httpclient.InferenceServerClient(srv.http) as client:
+        names = {m["name"]: m.get("state", "") for m in client.get_model_repository_index()}
+        assert names == {"adder": "", "reader": ""}
+        client.load_model("reader")
+        assert infer(client, "reader") == 11.0  # the 10 of offset.txt
+        client.load_model("adder")
+        assert infer(client, "adder") == 3.0  # the latest version, 2
+        assert not client.is_model_ready("adder", "1")
+        # a config override: every version served
+        config = json.dumps(
+            {
+                "name": "adder",
+                "backend": "python",
+                "max_batch_size": 8,
+                "version_policy": {"all": {}},
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+            }
+        )
+        client.load_model("adder", config=config)
+        assert infer(client, "adder", "1") == 2.0 and infer(client, "adder", "2") == 3.0
+        client.unload_model("adder")
+        wait_until(lambda: not client.is_model_ready("adder"), what="adder unloaded")
+        # one version, beside none
+        assert post(srv, "/v2/repository/models/adder/versions/1/load") == (200, b"")
+        assert infer(client, "adder", "1") == 2.0
+        states = {
+            (m["name"], m.get("version", "")): m.get("state", "")
+            for m in client.get_model_repository_index()
+        }
+        assert states[("adder", "1")] == "READY" and states[("reader", "1")] == "READY"
+
+    lint = subprocess.run(
+        [sys.executable, "-m", "sluice", "repo", "lint", url],
+        env={**os.environ, **store.env(), "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    out = lint.stdout + lint.stderr
+    assert out.startswith(f"{url}: 2 model(s), no findings "), out
