@@ -5,7 +5,14 @@ Rules of this file:
 - Jobs carry their own future. Dispatch is event driven: it runs at the end of the loop
   iteration in which jobs arrived, when an instance frees up, and from one timer armed at
   the next batching deadline or queue timeout. There is no polling loop.
-- An instance runs one batch at a time; N instances run N batches concurrently.
+- An instance runs one batch at a time; N instances run N batches concurrently. A model
+  without dynamic batching, sequence batching or the rate limiter (one request per
+  execution, nothing to batch up) hands an instance that can take more (``depth`` > 1: a
+  python model's worker, ``backends/python/server.py``) its next request while it runs one:
+  idle instances first, then the second places of busy ones (``_spare``). The worker starts
+  it the moment the one before ends, instead of idling while the loop reads the answer and
+  sends the next; the request leaves the queue then (its queue time ends) and waits in the
+  worker's pipe, counted in neither queue nor compute time.
 - A full queue and an expired timeout refuse the request at once with ``Overloaded``
   (UNAVAILABLE, Triton's answer; RESOURCE_EXHAUSTED with ``--overload-status=429``), which
   carries a Retry-After estimate from the queue's drain rate (``overload.py``).
@@ -73,6 +80,10 @@ class QueuePolicy:
 
 
 class Scheduler:
+    # whether this scheduler may give an instance a second batch while it runs one (the
+    # sequence batcher's slots are its own: it may not)
+    pipelines = True
+
     def __init__(
         self,
         model: str,
@@ -114,6 +125,15 @@ class Scheduler:
             preferred=frozenset(db.preferred_batch_size) if db else frozenset(),
             max_delay_ns=db.max_queue_delay_microseconds * 1000 if db else 0,
         )
+        # instances that take a second batch while they run one (see the rules above), each
+        # in ``_spare`` while it runs exactly one
+        pipelined = self.pipelines and self._limiter is None and not self.policy.dynamic
+        self._deep = {
+            id(i)
+            for i in instances
+            if pipelined and config.platform != "ensemble" and getattr(i, "depth", 1) > 1
+        }
+        self._spare: list[ModelInstance] = []
         # latency_target_us: the window steered from the measured times (None: Triton's)
         self._window: WindowController | None = None
         self._freed = False  # (with a window) the next dispatch follows a batch's end
@@ -247,7 +267,7 @@ class Scheduler:
             self._expire(time.monotonic_ns())
         freed = self._freed
         self._freed = False
-        while self._idle and self._queued:
+        while (self._idle or self._spare) and self._queued:
             now = time.monotonic_ns()
             n, wait_until = take_batch(self._queues, self.policy, now)
             if n == 0:
@@ -287,7 +307,12 @@ class Scheduler:
         """An idle instance that may start a batch now, taken out of the idle ones; None
         while the rate limiter has not granted one (it calls ``_on_grant`` when it does)."""
         if self._limiter is None:
-            return self._idle.pop()
+            if not self._idle:
+                return self._spare.pop()  # its second batch
+            inst = self._idle.pop()
+            if id(inst) in self._deep:
+                self._spare.append(inst)
+            return inst
         staged = None
         for inst in self._idle:
             slot = self._slots[id(inst)]
@@ -360,6 +385,16 @@ class Scheduler:
         task = self._loop.create_task(self._run(inst, jobs, slot))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _free(self, inst: ModelInstance) -> None:
+        """``inst`` ended a batch: idle again, or (it ran two) able to take a second."""
+        if id(inst) not in self._deep:
+            self._idle.append(inst)
+        elif inst in self._spare:  # that was its only batch
+            self._spare.remove(inst)
+            self._idle.append(inst)
+        else:
+            self._spare.append(inst)
 
     def _arm(self, at_ns: int) -> None:
         if self._timer_at and self._timer_at <= at_ns:
@@ -441,7 +476,7 @@ class Scheduler:
             log.exception("model '%s' version %s: execute failed", self.model, self.version)
             results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(jobs)
         finally:
-            self._idle.append(inst)
+            self._free(inst)
             self._running -= 1
         try:
             if self._window is not None:

@@ -94,6 +94,8 @@ def _flag(value: Any) -> bool:
 
 
 class SequenceScheduler(Scheduler):
+    pipelines = False  # a sequence's slot is one instance's, one batch at a time
+
     def __init__(
         self,
         model: str,

@@ -96,6 +96,10 @@ class Execute:
     id: int
     arena: str  # name of the input arena segment holding every TensorRef below
     requests: tuple[RequestRef, ...]
+    # which of the instance's arena pairs this batch uses (0, or 1 for the batch handed to
+    # the worker while it runs the one before: server.py's pipelining); the worker writes
+    # the outputs into its own output arena of that lane
+    lane: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +309,7 @@ _loads = pickle.loads
 def encode(msg: Message) -> bytes:
     """A message as bytes for ``Connection.send_bytes``."""
     if type(msg) is Execute:  # the hot path first, without the generic field walk
-        return _dumps((1, msg.id, msg.arena, msg.requests), 5)
+        return _dumps((1, msg.id, msg.arena, msg.requests, msg.lane), 5)
     if type(msg) is ExecuteReply:
         return _dumps(
             (

@@ -181,13 +181,17 @@ class WorkerClient:
         self._stopping = False
         await self._ensure_started()
 
-    async def call(self, msg: Any, timeout: float | None = None) -> ExecuteReply:
+    async def call(
+        self, msg: Any, timeout: float | None = None, after: asyncio.Future[Any] | None = None
+    ) -> ExecuteReply:
         """Send one message and wait for the reply with the same id.
 
         Raises ServerError (INTERNAL) when the worker dies before answering. With
         ``timeout`` (seconds), a reply that takes longer is given up: the worker is killed
         (it may hold the GIL or a lock forever), everything in flight on it fails with the
         same UNAVAILABLE error naming the model and the limit, and a fresh worker starts.
+        ``after``: the message waits in the worker's pipe behind the call that ends with
+        this future, and the timeout counts from that end.
         """
         child = self._child
         if child is None or not child.ready:
@@ -205,6 +209,10 @@ class WorkerClient:
         try:
             if timeout is None:
                 return await fut  # type: ignore[no-any-return]
+            if after is not None and not after.done():
+                await asyncio.wait((after, fut), return_when=asyncio.FIRST_COMPLETED)
+                if fut.done():
+                    return fut.result()  # type: ignore[no-any-return]
             return await asyncio.wait_for(asyncio.shield(fut), timeout)  # type: ignore[no-any-return]
         except TimeoutError:
             assert timeout is not None

@@ -1,11 +1,19 @@
 """The Triton-compatible python backend: each model instance runs in its own worker process.
 
 Rules of this file:
-- One ``PythonInstance`` = one worker process (``workers.pool.WorkerClient``) + two
-  shared-memory arenas. Inputs are copied once into the input arena; the worker hands numpy
-  views of it to the model; outputs come back through the worker's output arena and are
-  copied once here (the arena is reused by the next batch while the response is still
-  being encoded).
+- One ``PythonInstance`` = one worker process (``workers.pool.WorkerClient``) + shared-memory
+  arenas in lanes: a lane is an input arena (written here) and the worker's output arena.
+  Inputs are copied once into the input arena; the worker hands numpy views of it to the
+  model; outputs come back through the worker's output arena and are copied once here (the
+  arena is reused by the lane's next batch while the response is still being encoded).
+- Pipelining: an instance takes up to ``depth`` batches at once (2; 1 for a decoupled
+  model), each in its own lane. The worker runs them one after the other, in the order
+  sent: the second waits in its pipe and starts the moment the first ends, instead of after
+  the server has read the first's answer and sent the next. The scheduler decides whether
+  to use it (``scheduling/scheduler.py``: not with dynamic or sequence batching or the rate
+  limiter). A batch's ``execute_timeout_ms`` counts from the end of the batch ahead of it;
+  a batch that was waiting behind one whose worker died (or was killed past its timeout)
+  had not started, and is sent again to the replacement worker.
 - Requests are not concatenated: like Triton, the model gets one ``InferenceRequest`` per
   request of the batch.
 - A request's error (model raised, ``TritonError`` in its response, wrong response count)
@@ -27,7 +35,7 @@ Usage (the core)::
     config = backend.auto_complete(spec)           # blocking: run it in a thread
     instances = backend.create_instances(spec)     # nothing started yet
     await asyncio.gather(*(i.start() for i in instances))
-    result = await instances[0].execute(requests)  # one batch at a time per instance
+    result = await instances[0].execute(requests)  # up to instance.depth batches at once
     await instances[0].stop()
 """
 
@@ -88,7 +96,10 @@ from .settings import (
 )
 from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
 
-__all__ = ["PythonBackend", "PythonInstance", "model_config_json"]
+__all__ = ["PythonBackend", "PythonInstance", "model_config_json", "PIPELINE_DEPTH"]
+
+# batches an instance takes at once (its lanes); the worker runs them in order
+PIPELINE_DEPTH = 2
 
 # pb_utils.TritonError codes -> our statuses (Triton's UNKNOWN has no twin: INTERNAL).
 _STATUS_OF_CODE = {
@@ -257,17 +268,25 @@ class PythonInstance:
             fork_server=shared_fork_server(DEFAULT_WORKER_ENV) if forking else None,
         )
         self._execute_timeout = execute_timeout(spec)
-        self._inputs = ArenaWriter(
-            self._setup.shm_prefix,
-            "i",
-            self._settings.shm_default_byte_size,
-            self._settings.shm_growth_byte_size,
+        self._decoupled = spec.config.model_transaction_policy.decoupled
+        self.depth = 1 if self._decoupled else PIPELINE_DEPTH
+        # per lane: the input arena (made at its first write) and the worker's output arena
+        self._inputs = tuple(
+            ArenaWriter(
+                self._setup.shm_prefix,
+                f"i{lane}_",
+                self._settings.shm_default_byte_size,
+                self._settings.shm_growth_byte_size,
+            )
+            for lane in range(self.depth)
         )
-        self._outputs = ArenaReader()
-        self._lock = asyncio.Lock()
+        self._outputs = tuple(ArenaReader() for _ in range(self.depth))
+        self._lanes = asyncio.Semaphore(self.depth)
+        self._free_lanes = list(reversed(range(self.depth)))  # pop() -> lane 0 first
+        # the execution sent last that has not ended: the next one waits behind it
+        self._tail: asyncio.Future[bool] | None = None
         self.worker.on_message = self._on_message
         self.worker.on_failure = self._on_failure
-        self._decoupled = spec.config.model_transaction_policy.decoupled
         self._calls = BlsCalls(self, spec.serving)
         # pb_utils.MetricFamily (custom metrics) and the model loading API
         serving = spec.serving
@@ -278,7 +297,9 @@ class PythonInstance:
         self._control_tasks: set[asyncio.Task[None]] = set()
         # decoupled: (execution id, request index) -> the request its responses belong to
         self._streams: dict[tuple[int, int], InferRequest] = {}
-        # the batch executing now (or last): its BLS calls inherit its chain of callers
+        # the batches sent to the worker and not answered yet, oldest (running) first; and
+        # the batch sent last (it stays after its answer, for a model's late calls)
+        self._running: dict[int, list[InferRequest]] = {}
         self._batch: list[InferRequest] = []
         self._batch_id = 0
         self._no_streams: asyncio.Event | None = None  # set when the last stream closes
@@ -287,9 +308,10 @@ class PythonInstance:
     @property
     def callers(self) -> tuple[str, ...]:
         """The models waiting on the batch executing now, in call order, this one last: a
-        BLS call back to any of them is a cycle. Derived when a model calls, not per batch."""
+        BLS call back to any of them is a cycle. Derived when a model calls, not per batch.
+        The worker runs its batches in the order sent: the oldest unanswered one runs."""
         chain: dict[str, None] = {}
-        for r in self._batch:
+        for r in next(iter(self._running.values()), self._batch):
             chain.update(dict.fromkeys(r.callers))
         chain[self.spec.name] = None
         return tuple(chain)
@@ -298,8 +320,11 @@ class PythonInstance:
         """The request a model names by its (execution id, index), while it is in this
         instance: executing now, or a decoupled one still streaming."""
         exec_id, index = ctx
-        if exec_id == self._batch_id and 0 <= index < len(self._batch):
-            return self._batch[index]
+        batch = self._running.get(exec_id)
+        if batch is None and exec_id == self._batch_id:
+            batch = self._batch
+        if batch is not None and 0 <= index < len(batch):
+            return batch[index]
         return self._streams.get((exec_id, index))
 
     @property
@@ -375,10 +400,14 @@ class PythonInstance:
             self._ready_check = None
 
     async def execute(self, requests: list[InferRequest]) -> ExecuteResult:
-        async with self._lock:
-            return await self._execute(requests)
+        async with self._lanes:
+            lane = self._free_lanes.pop()
+            try:
+                return await self._execute(requests, lane)
+            finally:
+                self._free_lanes.append(lane)
 
-    async def _execute(self, requests: list[InferRequest]) -> ExecuteResult:
+    async def _execute(self, requests: list[InferRequest], lane: int) -> ExecuteResult:
         clock = time.perf_counter_ns
         t0 = clock()
         tensors: list[tuple[str, np.ndarray, str]] = []
@@ -388,8 +417,9 @@ class PythonInstance:
             for name, arr in r.inputs.items():
                 tensors.append((name, arr, datatype_of(arr)))
             spans.append((start, len(tensors)))
+        inputs = self._inputs[lane]
         try:
-            refs = self._inputs.write(tensors)
+            refs = inputs.write(tensors)
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"python model '{self.spec.name}': {exc}") from None
         all_outputs = self._all_outputs
@@ -404,27 +434,16 @@ class PythonInstance:
                     _params_json(r.parameters) if r.parameters else "{}",
                 )
             )
-        worker = self.worker
-        exec_id = worker.next_id()
-        self._batch = requests
-        self._batch_id = exec_id
-        if self._decoupled:
-            self._open_streams(exec_id, requests)
         t1 = clock()
-        try:
-            reply = await worker.call(
-                Execute(exec_id, self._inputs.name, tuple(wire)), self._execute_timeout
-            )
-        except BaseException:
-            self._close_streams(exec_id, len(requests))
-            raise
+        exec_id, reply = await self._send(requests, Execute(0, inputs.name, tuple(wire), lane))
         t2 = clock()
         if self._decoupled:  # responses come through _on_message; execute() has returned
             return self._decoupled_result(exec_id, requests, reply, t1 - t0)
 
+        arena = self._outputs[lane]
         if reply.arena:
-            self._outputs.attach(reply.arena)
-        copy = self._outputs.copy
+            arena.attach(reply.arena)
+        copy = arena.copy
         model_name, version = self.spec.name, self._model_version
         results: list[InferResponse | ServerError | Rescheduled] = []
         params = reply.parameters
@@ -454,6 +473,46 @@ class PythonInstance:
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
             rescheduled=rescheduled,
         )
+
+    async def _send(self, requests: list[InferRequest], msg: Execute) -> tuple[int, Any]:
+        """Send ``msg`` (under a fresh id) and wait for the worker's answer: (id, reply).
+        Sent while another batch is in flight, it waits behind it, and its timeout counts
+        from that batch's end; if that batch's worker dies first, this one never started,
+        and it is sent again to the replacement."""
+        worker = self.worker
+        loop = asyncio.get_running_loop()
+        while True:
+            exec_id = worker.next_id()
+            ahead, done = self._tail, loop.create_future()
+            self._tail = done
+            self._running[exec_id] = requests
+            self._batch, self._batch_id = requests, exec_id
+            if self._decoupled:
+                self._open_streams(exec_id, requests)
+            answered = False
+            try:
+                reply = await worker.call(
+                    Execute(exec_id, msg.arena, msg.requests, msg.lane),
+                    self._execute_timeout,
+                    after=ahead,
+                )
+                answered = True
+                return exec_id, reply
+            except ServerError:
+                if self._decoupled:
+                    self._close_streams(exec_id, len(requests))
+                if ahead is None or await asyncio.shield(ahead):
+                    raise  # it ran (or may have run): its failure stands
+                # the worker was lost while the batch ahead ran: this one never started
+            except BaseException:
+                if self._decoupled:
+                    self._close_streams(exec_id, len(requests))
+                raise
+            finally:
+                del self._running[exec_id]
+                done.set_result(answered)
+                if self._tail is done:
+                    self._tail = None
 
     # ---- decoupled responses and BLS calls from the worker ----------------------------
     def _open_streams(self, exec_id: int, requests: list[InferRequest]) -> None:
@@ -576,7 +635,8 @@ class PythonInstance:
         it counted in its metric cells is kept; its output arena (unlinked with it) is
         unmapped here, not at the replacement's first answer, which may never come."""
         self._metrics.worker_gone()
-        self._outputs.close()
+        for outputs in self._outputs:
+            outputs.close()
         streams, self._streams = self._streams, {}
         for r in streams.values():
             if r.responses is not None:
@@ -593,8 +653,10 @@ class PythonInstance:
             pass
         finally:
             self._metrics.close()  # the model's custom metrics go with it
-            self._outputs.close()
-            self._inputs.close()
+            for outputs in self._outputs:
+                outputs.close()
+            for inputs in self._inputs:
+                inputs.close()
             unlink_prefix(self._setup.shm_prefix)
 
 

@@ -163,13 +163,19 @@ class _Worker:
         self.tx = tx
         self.setup = setup
         self.pb = pb_utils
-        self.reader = ArenaReader()
+        # One (input reader, output writer) pair per lane of Execute (a batch handed over
+        # while the one before runs uses the other lane: its outputs must not overwrite those
+        # the server has not copied yet). An arena is made at its first write.
         # The pid keeps a restarted worker's names apart from a dead predecessor's.
-        self.writer = ArenaWriter(
-            setup.shm_prefix,
-            f"o{os.getpid()}_",
-            setup.shm_default_byte_size,
-            setup.shm_growth_byte_size,
+        self.readers = (ArenaReader(), ArenaReader())
+        self.writers = tuple(
+            ArenaWriter(
+                setup.shm_prefix,
+                f"o{os.getpid()}_{lane}_",
+                setup.shm_default_byte_size,
+                setup.shm_growth_byte_size,
+            )
+            for lane in (0, 1)
         )
         self.model: Any = None
         self.orphaned = False
@@ -301,8 +307,10 @@ class _Worker:
     def _cleanup(self) -> None:
         from .shm import unlink_prefix
 
-        self.writer.close()
-        self.reader.close()
+        for writer in self.writers:
+            writer.close()
+        for reader in self.readers:
+            reader.close()
         self.runtime.close()  # custom metric cells
         if self.orphaned:
             unlink_prefix(self.setup.shm_prefix)
@@ -349,9 +357,10 @@ class _Worker:
 
         results, counts, to_write, resp_params = self._collect_outputs(requests, responses)
         refs: tuple[TensorRef, ...] = ()
+        writer = self.writers[msg.lane]
         if to_write:
             try:
-                refs = self.writer.write(to_write)
+                refs = writer.write(to_write)
             except Exception as exc:
                 traceback.print_exc()
                 err = (pb.TritonError.INTERNAL, f"cannot return outputs: {exc}")
@@ -364,7 +373,7 @@ class _Worker:
         t3 = clock()
         return ExecuteReply(
             msg.id,
-            self.writer.name if to_write else "",
+            writer.name if to_write else "",
             tuple(results),
             t1 - t0,
             t2 - t1,
@@ -378,10 +387,11 @@ class _Worker:
         make_tensor = self.pb.Tensor._make
         make_request = self.pb.InferenceRequest._make
         code_of = self._code_of
-        view = self.reader.view
+        reader = self.readers[msg.lane]
+        view = reader.view
         model_name = self.setup.model_name
         model_version = self.setup.model_version
-        self.reader.attach(msg.arena)
+        reader.attach(msg.arena)
         requests = []
         exec_id = msg.id
         for i, (rid, inputs, outputs, params) in enumerate(msg.requests):
