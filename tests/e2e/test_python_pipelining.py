@@ -1,6 +1,8 @@
 """A python model without batching is handed its next request while it runs one
-(``backends/python/server.py``, pipelining): judged from the server's statistics (a
-request's queue time is recorded when it leaves the queue for the worker), never a clock.
+(``backends/python/server.py``, pipelining). The hand-over is seen in the server's state,
+never a clock: the second lane's input arena (a shared-memory segment ``<prefix>..._i1_N``,
+made at its first write) exists once a request has been handed to a busy worker. Each test
+has its own server, with its own ``shm-region-prefix-name``.
 
 The ``gate`` model holds a request whose INPUT0 is 7 until a release file exists (after
 writing its worker's pid to a marker file, so the test waits on that state), answers 3 after
@@ -15,6 +17,8 @@ times out, had not started and is answered by the replacement worker; its own
 
 from __future__ import annotations
 
+import glob
+import itertools
 import json
 import os
 import signal
@@ -86,12 +90,29 @@ def _gate(repo: Path, name: str, batching: str = "", timeout: str = "") -> None:
     zoo.write_model(repo, name, config, GATE_PY)
 
 
-@pytest.fixture(scope="module")
-def server(module_server: Any, module_repo: Path) -> Any:
-    _gate(module_repo, "gate")
-    _gate(module_repo, "gate_batched", batching="dynamic_batching { }")
-    _gate(module_repo, "gate_timed", timeout=str(TIMEOUT_MS))
-    return module_server(module_repo)
+_serial = itertools.count(1)
+
+
+@pytest.fixture
+def server(start_server: Any, tmp_path: Path) -> Any:
+    repo = tmp_path / "repo"
+    _gate(repo, "gate")
+    _gate(repo, "gate_batched", batching="dynamic_batching { }")
+    _gate(repo, "gate_timed", timeout=str(TIMEOUT_MS))
+    prefix = f"slpipe{os.getpid()}x{next(_serial)}x"
+    srv = start_server(repo, f"--backend-config=python,shm-region-prefix-name={prefix}")
+    srv.shm_prefix = prefix
+    return srv
+
+
+@pytest.fixture
+def module_repo(server: Any) -> Path:
+    return Path(server.repo)
+
+
+def handed_over(srv: Any) -> bool:
+    """Whether a request has been handed to a busy worker: a second lane's input arena."""
+    return bool(glob.glob(f"/dev/shm/{srv.shm_prefix}*_i1_*"))
 
 
 class Call:
@@ -119,11 +140,6 @@ def stats(srv: Any, model: str) -> dict[str, Any]:
     return dict(json.loads(raw)["model_stats"][0]["inference_stats"])
 
 
-def queued_out(srv: Any, model: str) -> int:
-    """Requests of ``model`` that have left its queue (their queue time is recorded then)."""
-    return int(stats(srv, model)["queue"]["count"])
-
-
 def _paths(repo: Path, name: str) -> tuple[Path, Path]:
     marker, release = repo.parent / f"{name}.pid", repo.parent / f"{name}.release"
     marker.unlink(missing_ok=True)
@@ -142,18 +158,17 @@ def test_the_next_request_goes_to_the_worker_while_it_runs_one(
     server: Any, module_repo: Path
 ) -> None:
     marker, release = _paths(module_repo, "gate")
-    out0 = queued_out(server, "gate")
     held, _pid = _held(server, "gate", marker)
+    assert not handed_over(server)
     nxt = Call(server, "gate", 5.0)
-    # both left the queue: the second waits in the worker's pipe, not in the scheduler
-    wait_until(
-        lambda: queued_out(server, "gate") == out0 + 2,
-        what="the second request handed to the busy worker",
-        describe=lambda: str(stats(server, "gate")),
-    )
+    wait_until(lambda: handed_over(server), what="the second request handed to the busy worker")
     release.touch()
     assert held.answer()[1]["outputs"][0]["data"] == [7.0]
     assert nxt.answer()[1]["outputs"][0]["data"] == [5.0]
+    # its queue time ran until the worker started it: past the time the first was held
+    st = stats(server, "gate")
+    assert st["queue"]["count"] == 2 and st["success"]["count"] == 2, st
+    assert st["queue"]["ns"] >= st["compute_infer"]["ns"] // 2, st
 
 
 def test_with_dynamic_batching_the_next_batch_waits_for_the_instance(
@@ -163,30 +178,26 @@ def test_with_dynamic_batching_the_next_batch_waits_for_the_instance(
     from tests.e2e.helpers import pending
 
     marker, release = _paths(module_repo, "gate_batched")
-    out0 = queued_out(server, "gate_batched")
     held, _pid = _held(server, "gate_batched", marker)
     nxt = Call(server, "gate_batched", 5.0)
     wait_until(lambda: pending(server, "gate_batched") == 2, what="the second request queued")
     # (the scheduler dispatches at the end of the loop turn in which a request arrives: the
-    # answer to this statistics request comes after it)
-    assert queued_out(server, "gate_batched") == out0 + 1
+    # answer to the metrics request above came after it)
+    assert not handed_over(server)
     release.touch()
     assert held.answer()[1]["outputs"][0]["data"] == [7.0]
     assert nxt.answer()[1]["outputs"][0]["data"] == [5.0]
-    assert queued_out(server, "gate_batched") == out0 + 2
+    assert stats(server, "gate_batched")["success"]["count"] == 2
+    assert not handed_over(server)
 
 
 def test_a_request_behind_a_killed_worker_is_answered_by_its_replacement(
     server: Any, module_repo: Path
 ) -> None:
     marker, _release = _paths(module_repo, "gate")
-    before = stats(server, "gate")
     held, pid = _held(server, "gate", marker)
     nxt = Call(server, "gate", 5.0)
-    wait_until(
-        lambda: queued_out(server, "gate") == before["queue"]["count"] + 2,
-        what="the second request handed to the busy worker",
-    )
+    wait_until(lambda: handed_over(server), what="the second request handed to the busy worker")
     os.kill(pid, signal.SIGKILL)
     code, doc = held.answer()
     assert code == 500, doc
@@ -195,41 +206,34 @@ def test_a_request_behind_a_killed_worker_is_answered_by_its_replacement(
     assert code == 200 and doc["outputs"][0]["data"] == [5.0], doc
     wait_until(lambda: not psutil.pid_exists(pid), what=f"killed worker {pid} reaped")
     after = stats(server, "gate")
-    assert after["fail"]["count"] == before["fail"]["count"] + 1, after
-    assert after["success"]["count"] == before["success"]["count"] + 1, after
+    assert after["fail"]["count"] == 1 and after["success"]["count"] == 1, after
 
 
 def test_a_request_behind_a_hung_one_is_answered_by_the_replacement(
     server: Any, module_repo: Path
 ) -> None:
     marker, _release = _paths(module_repo, "gate_timed")
-    before = stats(server, "gate_timed")
     held, pid = _held(server, "gate_timed", marker)
     nxt = Call(server, "gate_timed", 5.0)
-    wait_until(
-        lambda: queued_out(server, "gate_timed") == before["queue"]["count"] + 2,
-        what="the second request handed to the busy worker",
-    )
+    wait_until(lambda: handed_over(server), what="the second request handed to the busy worker")
     code, doc = held.answer()
     assert code == 503, doc
     assert f"execute_timeout_ms={TIMEOUT_MS}" in doc["error"] and str(pid) in doc["error"], doc
     code, doc = nxt.answer()
     assert code == 200 and doc["outputs"][0]["data"] == [5.0], doc
     after = stats(server, "gate_timed")
-    assert after["fail"]["count"] == before["fail"]["count"] + 1, after
-    assert after["success"]["count"] == before["success"]["count"] + 1, after
+    assert after["fail"]["count"] == 1 and after["success"]["count"] == 1, after
 
 
-def test_the_timeout_of_a_request_behind_another_counts_from_its_end(
-    server: Any, module_repo: Path
-) -> None:
-    """3 takes 1.2 s and 4 takes 0.9 s, each within the 1.5 s limit; sent together, the 4
-    waits behind the 3 in the worker's pipe: neither is killed."""
-    before = stats(server, "gate_timed")
+def test_the_timeout_of_a_request_behind_another_counts_from_its_end(server: Any) -> None:
+    """3 takes 1.2 s and 4 takes 0.9 s, each within the 1.5 s limit; sent together, one
+    waits behind the other in the worker's pipe: neither is killed."""
     first = Call(server, "gate_timed", 3.0)
     second = Call(server, "gate_timed", 4.0)
-    assert first.answer() == (200, first.doc) and first.doc["outputs"][0]["data"] == [3.0]
-    assert second.answer() == (200, second.doc) and second.doc["outputs"][0]["data"] == [4.0]
+    code, doc = first.answer()
+    assert code == 200 and doc["outputs"][0]["data"] == [3.0], doc
+    code, doc = second.answer()
+    assert code == 200 and doc["outputs"][0]["data"] == [4.0], doc
+    assert handed_over(server)  # they were in the worker together
     after = stats(server, "gate_timed")
-    assert after["success"]["count"] == before["success"]["count"] + 2, after
-    assert after["fail"]["count"] == before["fail"]["count"], after
+    assert after["success"]["count"] == 2 and after["fail"]["count"] == 0, after

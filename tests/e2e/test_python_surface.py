@@ -289,8 +289,11 @@ def test_shm_sizes_and_prefix_from_backend_config(start_server: Any, tmp_path: P
     small = np.arange(4, dtype=np.float32)
     np.testing.assert_array_equal(_infer(srv, "add", small), small * 2)
     segs = _segments(prefix)
-    inputs = {n: s for n, s in segs.items() if n.endswith("_i1")}
-    outputs = {n: s for n, s in segs.items() if "_o" in n}
+    # one request at a time: the first lane's arenas only (a second lane's are made when a
+    # request is handed to the worker while it runs one)
+    inputs = {n: s for n, s in segs.items() if n.endswith("_i0_1")}
+    outputs = {n: s for n, s in segs.items() if "_o" in n and n.endswith("_0_1")}
+    assert len(segs) == 2, segs
     assert list(inputs.values()) == [2 * mib], segs  # the input arena, first size
     assert list(outputs.values()) == [2 * mib], segs  # the worker's output arena
     assert all(n.startswith(f"{prefix}{srv.proc.pid}_") for n in segs), segs

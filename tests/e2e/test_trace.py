@@ -396,26 +396,35 @@ def test_level_off_at_start_leaves_no_file(tmp_path: Path, start_server):
     assert list(tmp_path.glob("trace.json*")) == []
 
 
+@pytest.mark.parametrize("batching", [False, True], ids=["handed-over", "dynamic-batching"])
 def test_the_next_queued_request_starts_before_the_finished_one_is_answered(
-    tmp_path: Path, start_server
+    tmp_path: Path, start_server, batching: bool
 ):
     # What the server recorded (its trace file), not timing: an instance that finishes a
-    # request takes the next queued one before the finished request's answer is sent.
+    # request takes the next queued one before the finished request's answer is sent. With
+    # dynamic batching the scheduler starts it once the first has ended; without, the worker
+    # had it already (handed over while it ran the first) and started it the moment the
+    # first ended, which its COMPUTE_START records.
     repo = tmp_path / "repo"
     repo.mkdir()
     gate = tmp_path / "gate"
-    gated_model(repo, "gated", gate)
+    if batching:
+        gated_model(repo, "gated", gate, max_batch_size=1, extra="dynamic_batching { }")
+    else:
+        gated_model(repo, "gated", gate)
+    shape = [1, 1] if batching else [1]
     out = tmp_path / "trace.json"
     srv = start_server(repo, *trace_flags(out, "--trace-config=rate=1"))
     clients = [http_client(srv) for _ in range(2)]
     try:
         futures = []
         for k, c in enumerate(clients):
-            i = httpclient.InferInput("INPUT", [1], "FP32")
-            i.set_data_from_numpy(np.array([k], np.float32))
+            i = httpclient.InferInput("INPUT", shape, "FP32")
+            i.set_data_from_numpy(np.full(shape, k, np.float32))
             futures.append(c.async_infer("gated", [i], request_id=f"r{k}"))
             # r0 is executing (held by the gate) before r1 arrives: r1 queues behind it
             wait_until(lambda n=k + 1: pending(srv, "gated") == n, interval=0.01)
+        released = time.monotonic_ns()  # the server's stamps are on this clock too
         gate.touch()
         for f in futures:
             f.get_result(timeout=60)
@@ -425,7 +434,14 @@ def test_the_next_queued_request_starts_before_the_finished_one_is_answered(
     stop_ok(srv)
     by_id = {t["request_id"]: t["stamps"] for t in load(out).values()}
     first, second = by_id["r0"], by_id["r1"]
-    assert first["COMPUTE_END"] < second["COMPUTE_START"] < first["HTTP_SEND_START"]
+    # r1 started (its queue time ended) only once the gate let r0 end, also when it was
+    # handed to the worker earlier
+    assert second["COMPUTE_START"] > released
+    if batching:
+        assert first["COMPUTE_END"] < second["COMPUTE_START"] < first["HTTP_SEND_START"]
+    else:
+        assert first["COMPUTE_START"] < second["COMPUTE_START"] <= first["COMPUTE_END"]
+        assert second["COMPUTE_START"] < first["HTTP_SEND_START"]
 
 
 def test_a_lone_request_waits_its_batch_window_from_its_arrival_not_its_enqueue(

@@ -72,6 +72,9 @@ class ExecuteResult:
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
     rescheduled: bool = False  # some slot of results is RESCHEDULED
+    # how long the batch waited inside the instance before it started (handed to a python
+    # worker busy with the batch ahead of it): queue time, as if it had waited in the queue
+    waited_ns: int = 0
 
 
 class ModelInstance(Protocol):

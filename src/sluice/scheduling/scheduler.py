@@ -11,8 +11,10 @@ Rules of this file:
   python model's worker, ``backends/python/server.py``) its next request while it runs one:
   idle instances first, then the second places of busy ones (``_spare``). The worker starts
   it the moment the one before ends, instead of idling while the loop reads the answer and
-  sends the next; the request leaves the queue then (its queue time ends) and waits in the
-  worker's pipe, counted in neither queue nor compute time.
+  sends the next. Its wait in the worker's pipe is queue time (statistics, metrics and the
+  trace's COMPUTE_START count from the worker's start), so queue against compute time keeps
+  telling an operator whether more instances would help. Queue time is recorded when the
+  batch ends, for every batch.
 - A full queue and an expired timeout refuse the request at once with ``Overloaded``
   (UNAVAILABLE, Triton's answer; RESOURCE_EXHAUSTED with ``--overload-status=429``), which
   carries a Retry-After estimate from the queue's drain rate (``overload.py``).
@@ -448,7 +450,6 @@ class Scheduler:
         stats = self.stats
         traced = False
         for job in jobs:
-            stats.record_queue(start - job.enqueue_ns)
             if job.request.trace is not None:
                 traced = True
         if traced:
@@ -478,6 +479,12 @@ class Scheduler:
         finally:
             self._free(inst)
             self._running -= 1
+        # queue time runs until the batch started: a batch handed to a busy python worker
+        # waited behind the one ahead of it (``waited_ns``) as it would have in the queue
+        if result is not None and result.waited_ns:
+            start += result.waited_ns
+        for job in jobs:
+            stats.record_queue(start - job.enqueue_ns)
         try:
             if self._window is not None:
                 self._steer(jobs, start)

@@ -283,8 +283,9 @@ class PythonInstance:
         self._outputs = tuple(ArenaReader() for _ in range(self.depth))
         self._lanes = asyncio.Semaphore(self.depth)
         self._free_lanes = list(reversed(range(self.depth)))  # pop() -> lane 0 first
-        # the execution sent last that has not ended: the next one waits behind it
-        self._tail: asyncio.Future[bool] | None = None
+        # the execution sent last that has not ended (its result: whether the worker answered
+        # it, and when it ended): the next one waits behind it
+        self._tail: asyncio.Future[tuple[bool, int]] | None = None
         self.worker.on_message = self._on_message
         self.worker.on_failure = self._on_failure
         self._calls = BlsCalls(self, spec.serving)
@@ -435,7 +436,9 @@ class PythonInstance:
                 )
             )
         t1 = clock()
-        exec_id, reply = await self._send(requests, Execute(0, inputs.name, tuple(wire), lane))
+        exec_id, reply, waited = await self._send(
+            requests, Execute(0, inputs.name, tuple(wire), lane)
+        )
         t2 = clock()
         if self._decoupled:  # responses come through _on_message; execute() has returned
             return self._decoupled_result(exec_id, requests, reply, t1 - t0)
@@ -472,15 +475,19 @@ class PythonInstance:
             compute_infer_ns=reply.compute_infer_ns,
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
             rescheduled=rescheduled,
+            waited_ns=waited,
         )
 
-    async def _send(self, requests: list[InferRequest], msg: Execute) -> tuple[int, Any]:
-        """Send ``msg`` (under a fresh id) and wait for the worker's answer: (id, reply).
-        Sent while another batch is in flight, it waits behind it, and its timeout counts
-        from that batch's end; if that batch's worker dies first, this one never started,
-        and it is sent again to the replacement."""
+    async def _send(self, requests: list[InferRequest], msg: Execute) -> tuple[int, Any, int]:
+        """Send ``msg`` (under a fresh id) and wait for the worker's answer: (id, reply, how
+        long the batch waited before the worker started it). Sent while another batch is in
+        flight, it waits behind it, and its timeout counts from that batch's end; if that
+        batch's worker dies first, this one never started, and it is sent again to the
+        replacement."""
         worker = self.worker
         loop = asyncio.get_running_loop()
+        clock = time.monotonic_ns
+        first_sent = clock()
         while True:
             exec_id = worker.next_id()
             ahead, done = self._tail, loop.create_future()
@@ -489,6 +496,7 @@ class PythonInstance:
             self._batch, self._batch_id = requests, exec_id
             if self._decoupled:
                 self._open_streams(exec_id, requests)
+            sent = clock()
             answered = False
             try:
                 reply = await worker.call(
@@ -497,11 +505,14 @@ class PythonInstance:
                     after=ahead,
                 )
                 answered = True
-                return exec_id, reply
+                started = sent
+                if ahead is not None:  # answered: the batch ahead has ended (one at a time)
+                    started = max(sent, (await asyncio.shield(ahead))[1])
+                return exec_id, reply, started - first_sent
             except ServerError:
                 if self._decoupled:
                     self._close_streams(exec_id, len(requests))
-                if ahead is None or await asyncio.shield(ahead):
+                if ahead is None or (await asyncio.shield(ahead))[0]:
                     raise  # it ran (or may have run): its failure stands
                 # the worker was lost while the batch ahead ran: this one never started
             except BaseException:
@@ -510,7 +521,7 @@ class PythonInstance:
                 raise
             finally:
                 del self._running[exec_id]
-                done.set_result(answered)
+                done.set_result((answered, clock()))
                 if self._tail is done:
                     self._tail = None
 
