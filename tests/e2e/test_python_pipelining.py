@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +163,17 @@ def test_the_next_request_goes_to_the_worker_while_it_runs_one(
     assert not handed_over(server)
     nxt = Call(server, "gate", 5.0)
     wait_until(lambda: handed_over(server), what="the second request handed to the busy worker")
+    seen = time.monotonic_ns()
     release.touch()
+    released = time.monotonic_ns()
     assert held.answer()[1]["outputs"][0]["data"] == [7.0]
     assert nxt.answer()[1]["outputs"][0]["data"] == [5.0]
-    # its queue time ran until the worker started it: past the time the first was held
     st = stats(server, "gate")
     assert st["queue"]["count"] == 2 and st["success"]["count"] == 2, st
-    assert st["queue"]["ns"] >= st["compute_infer"]["ns"] // 2, st
+    # its queue time ran until the worker started it, after the release: it was still
+    # waiting in the pipe from when the hand-over was seen until then (the trace test,
+    # test_trace.py, checks the order of the stamps themselves)
+    assert st["queue"]["ns"] >= released - seen, st
 
 
 def test_with_dynamic_batching_the_next_batch_waits_for_the_instance(
