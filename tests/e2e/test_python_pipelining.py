@@ -6,7 +6,8 @@ has its own server, with its own ``shm-region-prefix-name``.
 
 The ``gate`` model holds a request whose INPUT0 is 7 until a release file exists (after
 writing its worker's pid to a marker file, so the test waits on that state), answers 3 after
-``slow_a_ms`` and 4 after ``slow_b_ms``, and echoes everything else. ``gate`` has no
+``slow_a_ms`` and 4 after ``slow_b_ms`` (marking each start: ``<marker>.3``, ``<marker>.4``),
+and echoes everything else. ``gate`` has no
 dynamic batching; ``gate_batched`` is the same model with it, which keeps Triton's
 one-batch-at-a-time (its next batch is formed only once the instance is free).
 
@@ -58,7 +59,9 @@ class TritonPythonModel:
                 os.replace(self.marker + ".tmp", self.marker)
                 while not os.path.exists(self.release):
                     time.sleep(0.005)
-            time.sleep(self.slow.get(v, 0))
+            if v in self.slow:
+                open(f"{self.marker}.{int(v)}", "w").close()
+                time.sleep(self.slow[v])
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
         return out
 """
@@ -231,9 +234,11 @@ def test_a_request_behind_a_hung_one_is_answered_by_the_replacement(
 
 
 def test_the_timeout_of_a_request_behind_another_counts_from_its_end(server: Any) -> None:
-    """3 takes 1.2 s and 4 takes 0.9 s, each within the 1.5 s limit; sent together, one
-    waits behind the other in the worker's pipe: neither is killed."""
+    """3 takes 1.2 s and 4 takes 0.9 s, each within the 1.5 s limit; the 4, sent once the 3
+    has started, waits behind it in the worker's pipe: neither is killed."""
+    started = Path(f"{server.repo.parent / 'gate_timed'}.pid.3")
     first = Call(server, "gate_timed", 3.0)
+    wait_until(started.exists, timeout=60, what="the 3 to start")
     second = Call(server, "gate_timed", 4.0)
     code, doc = first.answer()
     assert code == 200 and doc["outputs"][0]["data"] == [3.0], doc
