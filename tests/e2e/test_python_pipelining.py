@@ -247,3 +247,41 @@ def test_the_timeout_of_a_request_behind_another_counts_from_its_end(server: Any
     assert handed_over(server)  # they were in the worker together
     after = stats(server, "gate_timed")
     assert after["success"]["count"] == 2 and after["fail"]["count"] == 0, after
+
+
+def test_a_request_whose_client_leaves_while_it_waits_behind_is_not_run(
+    server: Any, module_repo: Path
+) -> None:
+    """Handed to the busy worker, then its client closes the connection: the worker does
+    not run it (the model never sees it, one execution is counted), and it counts once as
+    a CANCELED failure."""
+    import socket
+
+    from tests.e2e.helpers import fp32_infer_body
+
+    marker, release = _paths(module_repo, "gate")
+    held, _pid = _held(server, "gate", marker)
+    body = json.dumps(fp32_infer_body(5.0)).encode()
+    head = (
+        f"POST /v2/models/gate/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as leaving:
+        leaving.sendall(head + body)
+        wait_until(lambda: handed_over(server), what="the request handed to the busy worker")
+    wait_until(
+        lambda: stats(server, "gate")["fail"]["count"] == 1,
+        what="the left request counted as failed",
+        describe=lambda: str(stats(server, "gate")),
+    )
+    release.touch()
+    assert held.answer()[1]["outputs"][0]["data"] == [7.0]
+    code, raw = server.get("/v2/models/gate/stats")
+    model = json.loads(raw)["model_stats"][0]
+    assert int(model["execution_count"]) == 1, model
+    assert model["inference_stats"]["success"]["count"] == 1, model
+    assert model["inference_stats"]["fail"]["count"] == 1, model
+    code, metrics = server.get("/metrics", port=server.metrics_port)
+    assert 'nv_inference_request_failure{model="gate",reason="CANCELED",version="1"} 1' in (
+        metrics.decode()
+    )

@@ -75,6 +75,9 @@ class ExecuteResult:
     # how long the batch waited inside the instance before it started (handed to a python
     # worker busy with the batch ahead of it): queue time, as if it had waited in the queue
     waited_ns: int = 0
+    # False: the model never ran it (every request's client left while it waited behind
+    # another batch): no execution, no queue time to record
+    executed: bool = True
 
 
 class ModelInstance(Protocol):

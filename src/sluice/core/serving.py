@@ -466,6 +466,9 @@ class Serving:
             raise
         except asyncio.CancelledError:  # the caller went away: queued or executing
             sv.stats.record_failure(time.monotonic_ns() - arrival, "CANCELED")
+            request.cancelled = True
+            if request.on_cancel is not None:  # handed to a busy worker: it may withdraw it
+                request.on_cancel()
             raise
 
     def _finish(

@@ -246,7 +246,8 @@ class Scheduler:
     def _withdraw_if_cancelled(self, fut: asyncio.Future[InferResponse]) -> None:
         """A cancelled request (its client went away, its deadline passed) leaves its queue
         at once: it is never executed and no longer counts as pending. One already taken
-        into a batch runs to the end; its result is dropped."""
+        into a batch runs to the end; its result is dropped (a python worker does not start
+        one handed to it behind another batch: ``request.on_cancel``, server.py)."""
         if not fut.cancelled():
             return
         for q in self._queues:
@@ -464,13 +465,14 @@ class Scheduler:
                     f"model '{self.model}' returned {len(results)} responses for "
                     f"{len(jobs)} requests"
                 )
-            stats.record_execution(
-                sum(j.batch_size for j in jobs),
-                len(jobs),
-                result.compute_input_ns,
-                result.compute_infer_ns,
-                result.compute_output_ns,
-            )
+            if result.executed:  # (not: its clients left before the worker started it)
+                stats.record_execution(
+                    sum(j.batch_size for j in jobs),
+                    len(jobs),
+                    result.compute_input_ns,
+                    result.compute_infer_ns,
+                    result.compute_output_ns,
+                )
         except ServerError as exc:
             results = [exc] * len(jobs)
         except Exception as exc:  # a backend bug: fail this batch only
@@ -483,8 +485,9 @@ class Scheduler:
         # waited behind the one ahead of it (``waited_ns``) as it would have in the queue
         if result is not None and result.waited_ns:
             start += result.waited_ns
-        for job in jobs:
-            stats.record_queue(start - job.enqueue_ns)
+        if result is None or result.executed:
+            for job in jobs:
+                stats.record_queue(start - job.enqueue_ns)
         try:
             if self._window is not None:
                 self._steer(jobs, start)

@@ -43,6 +43,7 @@ __all__ = [
     "decode",
     "OK",
     "RESCHEDULED",
+    "WITHDRAWN",
     "ReadyCheck",
     "ReadyAnswer",
 ]
@@ -59,6 +60,9 @@ OK = -1
 # code RESCHEDULED: the model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 # and gave no response for it (payload None): the scheduler executes it again.
 RESCHEDULED = -2
+# code WITHDRAWN: the request was cancelled (its client left) while it waited in the pipe
+# behind another batch; the worker did not run it (payload None)
+WITHDRAWN = -3
 # Tensors of the side channel (decoupled responses, BLS calls and replies), which may be in
 # flight several at a time: (segment, refs, inline). Small tensors ride in ``inline`` (refs
 # are offsets into it); larger ones are in a one-shot segment named ``segment`` that the
@@ -100,6 +104,9 @@ class Execute:
     # the worker while it runs the one before: server.py's pipelining); the worker writes
     # the outputs into its own output arena of that lane
     lane: int = 0
+    # 1: sent while another batch was in flight; before it starts, the worker reads the
+    # Cancel messages that came meanwhile and does not run a batch whose requests all left
+    behind: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +316,7 @@ _loads = pickle.loads
 def encode(msg: Message) -> bytes:
     """A message as bytes for ``Connection.send_bytes``."""
     if type(msg) is Execute:  # the hot path first, without the generic field walk
-        return _dumps((1, msg.id, msg.arena, msg.requests, msg.lane), 5)
+        return _dumps((1, msg.id, msg.arena, msg.requests, msg.lane, msg.behind), 5)
     if type(msg) is ExecuteReply:
         return _dumps(
             (

@@ -13,7 +13,8 @@ Rules of this file:
   to use it (``scheduling/scheduler.py``: not with dynamic or sequence batching or the rate
   limiter). A batch's ``execute_timeout_ms`` counts from the end of the batch ahead of it;
   a batch that was waiting behind one whose worker died (or was killed past its timeout)
-  had not started, and is sent again to the replacement worker.
+  had not started, and is sent again to the replacement worker; one whose clients all left
+  while it waited is not run (the worker reads the Cancel messages before it starts it).
 - Requests are not concatenated: like Triton, the model gets one ``InferenceRequest`` per
   request of the batch.
 - A request's error (model raised, ``TritonError`` in its response, wrong response count)
@@ -85,6 +86,7 @@ from .messages import (
     WorkerSetup,
 )
 from .messages import RESCHEDULED as RESCHEDULED_CODE
+from .messages import WITHDRAWN as WITHDRAWN_CODE
 from .metric_calls import MetricCalls
 from .pool import WorkerClient, run_auto_complete
 from .settings import (
@@ -443,6 +445,12 @@ class PythonInstance:
         if self._decoupled:  # responses come through _on_message; execute() has returned
             return self._decoupled_result(exec_id, requests, reply, t1 - t0)
 
+        if reply.results and all(code == WITHDRAWN_CODE for code, _ in reply.results):
+            gone = ServerError(
+                f"model '{self.spec.name}': the request was cancelled before it started",
+                Status.CANCELLED,
+            )
+            return ExecuteResult([gone] * len(requests), executed=False)
         arena = self._outputs[lane]
         if reply.arena:
             arena.attach(reply.arena)
@@ -496,11 +504,13 @@ class PythonInstance:
             self._batch, self._batch_id = requests, exec_id
             if self._decoupled:
                 self._open_streams(exec_id, requests)
+            elif ahead is not None:  # a client that leaves before it starts withdraws it
+                self._withdrawable(exec_id, requests)
             sent = clock()
             answered = False
             try:
                 reply = await worker.call(
-                    Execute(exec_id, msg.arena, msg.requests, msg.lane),
+                    Execute(exec_id, msg.arena, msg.requests, msg.lane, int(ahead is not None)),
                     self._execute_timeout,
                     after=ahead,
                 )
@@ -524,6 +534,19 @@ class PythonInstance:
                 done.set_result((answered, clock()))
                 if self._tail is done:
                     self._tail = None
+                if ahead is not None and not self._decoupled:
+                    for r in requests:
+                        r.on_cancel = None
+
+    def _withdrawable(self, exec_id: int, requests: list[InferRequest]) -> None:
+        """A client of ``requests`` (sent behind another batch) that leaves tells the worker,
+        which then does not run the batch if it has not started it (``worker._withdrawn``)."""
+        post = self.worker.post
+        for i, r in enumerate(requests):
+            cancel = functools.partial(post, Cancel(exec_id, i))
+            r.on_cancel = cancel
+            if r.cancelled:  # it left already: tell the worker after Execute
+                asyncio.get_running_loop().call_soon(cancel)
 
     # ---- decoupled responses and BLS calls from the worker ----------------------------
     def _open_streams(self, exec_id: int, requests: list[InferRequest]) -> None:

@@ -37,6 +37,7 @@ from ...host.gcsettings import tune_gc
 from .messages import (
     OK,
     RESCHEDULED,
+    WITHDRAWN,
     AutoCompleteReply,
     Execute,
     ExecuteReply,
@@ -325,6 +326,8 @@ class _Worker:
         responses checked and their outputs written into this worker's arena. The reply's
         three durations are those of the reading, of execute() and of the writing."""
         pb = self.pb
+        if msg.behind and self._withdrawn(msg):
+            return ExecuteReply(msg.id, "", ((WITHDRAWN, None),) * len(msg.requests), 0, 0, 0)
         clock = time.perf_counter_ns
         t0 = clock()
         requests = self._read_requests(msg)
@@ -380,6 +383,21 @@ class _Worker:
             t3 - t2,
             tuple(resp_params),
         )
+
+    def _withdrawn(self, msg: Execute) -> bool:
+        """Whether every request of ``msg`` (sent while another batch ran) was cancelled
+        before it could start: the Cancel messages that arrived meanwhile are read first.
+        What is known of this batch and of earlier ones is forgotten then (a non-decoupled
+        model's cancellations matter only here)."""
+        self.channel.poll()
+        cancelled = self.channel.cancelled
+        if not cancelled:
+            return False
+        n = len(msg.requests)
+        gone = all((msg.id, i) in cancelled for i in range(n))
+        for key in [k for k in cancelled if k[0] <= msg.id]:
+            cancelled.discard(key)
+        return gone
 
     def _read_requests(self, msg: Execute) -> list[Any]:
         """The batch's pb_utils.InferenceRequest objects, their input tensors views on the
