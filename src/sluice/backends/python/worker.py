@@ -389,8 +389,10 @@ class _Worker:
         before it could start: the Cancel messages that arrived meanwhile are read first.
         What is known of this batch and of earlier ones is forgotten then (a non-decoupled
         model's cancellations matter only here)."""
-        self.channel.poll()
-        cancelled = self.channel.cancelled
+        channel = self.channel
+        if channel.has_input():
+            channel.poll()
+        cancelled = channel.cancelled
         if not cancelled:
             return False
         n = len(msg.requests)
