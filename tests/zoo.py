@@ -268,6 +268,29 @@ def init_fail_model(repo: Path, name: str = "init_fail") -> Path:
     )
 
 
+# A model that reads a file beside its model.py (offset.txt in its version directory, as
+# Triton's python models read their own files) and answers INPUT0 + that offset (FP32).
+READS_OFFSET_PY = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        here = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(here, "offset.txt")) as f:
+            self.offset = float(f.read())
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t + self.offset)]))
+        return out
+"""
+
+
 def version_model_py(version: int) -> str:
     """Adds ``version`` to INPUT0 (FP32), so a response tells which version served it."""
     return f"""

@@ -158,14 +158,21 @@ def _held(srv: Any, model: str, marker: Path) -> tuple[Call, int]:
     return call, int(marker.read_text())
 
 
+def _behind(srv: Any, model: str, marker: Path) -> tuple[Call, int, Call]:
+    """A request held in ``model``'s execute, its worker's pid, and a second request (5.0)
+    handed to that busy worker."""
+    held, pid = _held(srv, model, marker)
+    assert not handed_over(srv)
+    nxt = Call(srv, model, 5.0)
+    wait_until(lambda: handed_over(srv), what="the second request handed to the busy worker")
+    return held, pid, nxt
+
+
 def test_the_next_request_goes_to_the_worker_while_it_runs_one(
     server: Any, module_repo: Path
 ) -> None:
     marker, release = _paths(module_repo, "gate")
-    held, _pid = _held(server, "gate", marker)
-    assert not handed_over(server)
-    nxt = Call(server, "gate", 5.0)
-    wait_until(lambda: handed_over(server), what="the second request handed to the busy worker")
+    held, _pid, nxt = _behind(server, "gate", marker)
     seen = time.monotonic_ns()
     release.touch()
     released = time.monotonic_ns()
@@ -203,9 +210,7 @@ def test_a_request_behind_a_killed_worker_is_answered_by_its_replacement(
     server: Any, module_repo: Path
 ) -> None:
     marker, _release = _paths(module_repo, "gate")
-    held, pid = _held(server, "gate", marker)
-    nxt = Call(server, "gate", 5.0)
-    wait_until(lambda: handed_over(server), what="the second request handed to the busy worker")
+    held, pid, nxt = _behind(server, "gate", marker)
     os.kill(pid, signal.SIGKILL)
     code, doc = held.answer()
     assert code == 500, doc
@@ -221,9 +226,7 @@ def test_a_request_behind_a_hung_one_is_answered_by_the_replacement(
     server: Any, module_repo: Path
 ) -> None:
     marker, _release = _paths(module_repo, "gate_timed")
-    held, pid = _held(server, "gate_timed", marker)
-    nxt = Call(server, "gate_timed", 5.0)
-    wait_until(lambda: handed_over(server), what="the second request handed to the busy worker")
+    held, pid, nxt = _behind(server, "gate_timed", marker)
     code, doc = held.answer()
     assert code == 503, doc
     assert f"execute_timeout_ms={TIMEOUT_MS}" in doc["error"] and str(pid) in doc["error"], doc

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import refused_address
 from tests.e2e.helpers import index_entries, infer_fp32, load_fails, post, serve_beside, wait_until
-from tests.zoo import version_model_py, versioned_model
+from tests.zoo import READS_OFFSET_PY, version_model_py, versioned_model
 
 pytest.importorskip("obstore")
 stores = pytest.importorskip("tests.stores")
@@ -379,27 +379,6 @@ def test_an_object_deleted_while_it_is_read_fails_the_load_and_the_loaded_versio
         assert infer_fp32(srv, "m", 1.0)[1]["outputs"][0]["data"] == [2.0]  # version 1
         ready = [e.get("version") for e in index_entries(srv, "m") if e.get("state") == "READY"]
         assert ready == ["1"]
-
-
-READS_OFFSET_PY = """
-import os
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        here = os.path.join(args["model_repository"], args["model_version"])
-        with open(os.path.join(here, "offset.txt")) as f:
-            self.offset = float(f.read())
-
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t + self.offset)]))
-        return out
-"""
 
 
 def test_explicit_control_on_each_store(store, start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import free_port
 from tests.e2e.helpers import index_entries, infer_fp32, load_fails, post, serve_beside, wait_until
-from tests.zoo import copy_example, version_model_py, versioned_model
+from tests.zoo import READS_OFFSET_PY, copy_example, version_model_py, versioned_model
 from tests.zoo_bls import bls
 
 boto3 = pytest.importorskip("boto3")
@@ -165,27 +165,6 @@ def serve_s3(start_server, tmp_path: Path, url: str, *flags: str, **kw):  # type
     )
 
 
-READS_A_FILE_PY = """
-import os
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        here = os.path.join(args["model_repository"], args["model_version"])
-        with open(os.path.join(here, "offset.txt")) as f:
-            self.offset = float(f.read())
-
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            t = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", t + self.offset)]))
-        return out
-"""
-
-
 def test_python_model_served_from_s3_and_warm_restart_downloads_nothing(
     moto: Moto, start_server, tmp_path: Path
 ) -> None:
@@ -194,7 +173,7 @@ def test_python_model_served_from_s3_and_warm_restart_downloads_nothing(
     versioned_model(src, "adder", [1])
     # the model reads a file beside its model.py (as Triton's python models do)
     (src / "adder" / "1" / "offset.txt").write_text("10\n")
-    (src / "adder" / "1" / "model.py").write_text(READS_A_FILE_PY)
+    (src / "adder" / "1" / "model.py").write_text(READS_OFFSET_PY)
     moto.upload(bucket, src)
     n_objects, n_bytes = sizes(src)
 

@@ -49,6 +49,7 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -445,7 +446,7 @@ class PythonInstance:
         if self._decoupled:  # responses come through _on_message; execute() has returned
             return self._decoupled_result(exec_id, requests, reply, t1 - t0)
 
-        if reply.results and all(code == WITHDRAWN_CODE for code, _ in reply.results):
+        if reply.results and reply.results[0][0] == WITHDRAWN_CODE:  # (every slot, then)
             gone = ServerError(
                 f"model '{self.spec.name}': the request was cancelled before it started",
                 Status.CANCELLED,
@@ -505,7 +506,8 @@ class PythonInstance:
             if self._decoupled:
                 self._open_streams(exec_id, requests)
             elif ahead is not None:  # a client that leaves before it starts withdraws it
-                self._withdrawable(exec_id, requests)
+                # (the worker reads the Cancel before it starts the batch: worker._withdrawn)
+                self._cancel_tells_worker(exec_id, requests, self.worker.post)
             sent = clock()
             answered = False
             try:
@@ -538,24 +540,24 @@ class PythonInstance:
                     for r in requests:
                         r.on_cancel = None
 
-    def _withdrawable(self, exec_id: int, requests: list[InferRequest]) -> None:
-        """A client of ``requests`` (sent behind another batch) that leaves tells the worker,
-        which then does not run the batch if it has not started it (``worker._withdrawn``)."""
-        post = self.worker.post
-        for i, r in enumerate(requests):
-            cancel = functools.partial(post, Cancel(exec_id, i))
-            r.on_cancel = cancel
-            if r.cancelled:  # it left already: tell the worker after Execute
-                asyncio.get_running_loop().call_soon(cancel)
-
     # ---- decoupled responses and BLS calls from the worker ----------------------------
     def _open_streams(self, exec_id: int, requests: list[InferRequest]) -> None:
-        post = self.worker.post
         for i, r in enumerate(requests):
             self._streams[(exec_id, i)] = r
-            cancel = functools.partial(self._cancel, post, Cancel(exec_id, i))
+        self._cancel_tells_worker(
+            exec_id, requests, functools.partial(self._cancel, self.worker.post)
+        )
+
+    @staticmethod
+    def _cancel_tells_worker(
+        exec_id: int, requests: list[InferRequest], send: Callable[[Cancel], object]
+    ) -> None:
+        """A client of ``requests`` that leaves sends its ``Cancel`` (with ``send``); one that
+        left already (while queued), right after the Execute."""
+        for i, r in enumerate(requests):
+            cancel = functools.partial(send, Cancel(exec_id, i))
             r.on_cancel = cancel
-            if r.cancelled:  # the client left while queued: tell the worker after Execute
+            if r.cancelled:
                 asyncio.get_running_loop().call_soon(cancel)
 
     def _close_streams(self, exec_id: int, n: int) -> None:
