@@ -127,11 +127,12 @@ def served(srv: Server, model: str) -> int:
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its children (python workers)."""
+    """CPU seconds (user + system) of ``pid`` and all its descendants: python workers, also
+    those a fork server started (they are its children, not the server's)."""
     total = 0.0
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children()]
+        procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return total
     for proc in procs:
