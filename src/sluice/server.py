@@ -151,7 +151,7 @@ class Server:
     async def start_http(self, address: str, port: int) -> int:
         """Serve HTTP on ``address:port`` (0 = any free port); returns the bound port."""
         from .frontends.http_api import HttpFrontend, start_http_server
-        from .frontends.http_limits import limited_httptools
+        from .frontends.http_protocol import http_protocol
 
         if self._http is not None:
             raise AlreadyExists(f"HTTP is served already, on port {self.http_port}")
@@ -166,7 +166,7 @@ class Server:
             address,
             port,
             timeout_graceful_shutdown=2,
-            http=limited_httptools(cfg.http_max_header_size or 2**62),
+            http=http_protocol(cfg.http_max_header_size or 2**62),
             **(uvicorn_options(cfg.http_tls) if cfg.http_tls is not None else {}),
         )
         self._tasks.append(task)

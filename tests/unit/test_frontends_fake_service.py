@@ -10,6 +10,7 @@ import asyncio
 import gzip
 import json
 import queue
+import socket
 import threading
 import urllib.request
 import zlib
@@ -294,6 +295,30 @@ def _grpc_inputs() -> list[grpcclient.InferInput]:
         i.set_data_from_numpy(arr)
         ins.append(i)
     return ins
+
+
+# --------------------------------------------------------------------------- the connection
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(servers: Servers) -> None:
+    async def start() -> tuple[Any, Any, int]:
+        return await start_http_server(
+            HttpFrontend(servers.service), "127.0.0.1", 0, timeout_keep_alive=0.3
+        )
+
+    server, task, port = servers._run(start())
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            for _ in range(2):  # (the idle time counts from the last answer)
+                sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = sock.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+            assert sock.recv(1) == b""  # waits: the server closes the idle connection
+    finally:
+
+        async def stop() -> None:
+            server.should_exit = True
+            await task
+
+        servers._run(stop())
 
 
 # --------------------------------------------------------------------------- health, metadata

@@ -61,6 +61,7 @@ from .http_limits import (
     BodyTooLarge,
     limit_body,
 )
+from .http_protocol import HttpProtocol
 from .openai_api import OpenAIEdge, Reply
 
 __all__ = ["HttpFrontend", "make_http_server", "start_http_server"]
@@ -738,8 +739,9 @@ def make_http_server(
     install_signal_handlers: bool = False,
     **config: Any,
 ) -> uvicorn.Server:
-    """A uvicorn.Server for ``app`` tuned for the hot path (uvloop, httptools, no access log,
-    no lifespan, no proxy-headers middleware, no Server/Date headers). ``config`` overrides
+    """A uvicorn.Server for ``app`` tuned for the hot path (uvloop, sluice's HTTP/1.1
+    connection on httptools (``http_protocol``), no access log, no lifespan, no proxy-headers
+    middleware, no Server/Date headers). ``config`` overrides
     any uvicorn.Config keyword. Run it with ``await server.serve()`` (or ``serve(sockets=...)``);
     stop it with ``server.should_exit = True``."""
     if isinstance(app, InferenceService):
@@ -748,7 +750,7 @@ def make_http_server(
         "host": host,
         "port": port,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": HttpProtocol,
         "access_log": False,
         "lifespan": "off",
         "proxy_headers": False,

@@ -7,35 +7,30 @@ Rules of this file:
   with ``Connection: close`` (the rest of the body is not read).
 - The head limit (``--http-max-header-size``, sluice's own; default 64 KiB) bounds the
   request line plus headers. httptools has no such limit and buffers a header until it ends,
-  so the bytes fed while a head is incomplete are counted here: past the limit the request
-  is answered 431 and the connection closed. A head is counted from the first read after
-  the one where it began, so nothing of a previous request's body is ever counted (the bound
-  is then the limit plus one read, at most 256 KiB).
-- A connection lost before its answer is told to the request it carries: the protocol sets
-  ``scope[DISCONNECTED]`` and calls ``scope[ON_DISCONNECT]`` (where the application put one:
-  it cancels the wait for the answer, so a queued request leaves its queue). uvicorn only
-  reports it to a later ``receive()``, which nothing calls once the body is read.
+  so the connection (``http_protocol``) counts the bytes fed while a head is incomplete: past
+  the limit the request is answered 431 and the connection closed. A head is counted from
+  the first read after the one where it began, so nothing of a previous request's body is
+  ever counted (the bound is then the limit plus one read, at most 256 KiB).
+- A connection lost before its answer is told to the request it carries: the connection
+  sets ``scope[DISCONNECTED]`` and calls ``scope[ON_DISCONNECT]`` (where the application put
+  one: it cancels the wait for the answer, so a queued request leaves its queue).
 
 Usage::
 
     receive = limit_body(scope, receive, 64 << 20)    # raises BodyTooLarge
-    uvicorn.Config(app, http=limited_httptools(64 << 10))
+    uvicorn.Config(app, http=http_protocol(64 << 10))  # (http_protocol.py)
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = [
     "DEFAULT_MAX_INPUT_SIZE",
     "DEFAULT_MAX_HEADER_SIZE",
     "BodyTooLarge",
     "limit_body",
-    "limited_httptools",
     "DISCONNECTED",
     "ON_DISCONNECT",
 ]
@@ -83,69 +78,3 @@ def limit_body(scope: MutableMapping[str, Any], receive: Receive, limit: int) ->
         return message
 
     return counted
-
-
-class _LimitedHttpTools(HttpToolsProtocol):
-    max_header_bytes = DEFAULT_MAX_HEADER_SIZE
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._in_head = False
-        self._begun = False
-        self._head_bytes = 0
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._in_head = True
-        self._begun = True
-        self._head_bytes = 0
-
-    def on_headers_complete(self) -> None:
-        self._in_head = False
-        super().on_headers_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        cycle = self.cycle
-        super().connection_lost(exc)
-        if cycle is not None and cycle.disconnected:  # lost before the answer was complete
-            scope: Any = cycle.scope
-            scope[DISCONNECTED] = True
-            hook = scope.get(ON_DISCONNECT)
-            if hook is not None:
-                hook()
-
-    def data_received(self, data: bytes) -> None:
-        self._begun = False
-        super().data_received(data)
-        if self._in_head and not self._begun:
-            self._head_bytes += len(data)
-            if self._head_bytes > self.max_header_bytes:
-                self._refuse_head()
-
-    def _refuse_head(self) -> None:
-        self._in_head = False
-        transport = self.transport
-        if transport.is_closing():
-            return
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete:  # else an answer is due first: just close
-            body = json.dumps(
-                {
-                    "error": f"the request line and headers exceed {self.max_header_bytes} "
-                    "bytes; raise the limit with --http-max-header-size"
-                }
-            ).encode()
-            transport.write(
-                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                b"content-type: application/json\r\n"
-                b"content-length: " + str(len(body)).encode() + b"\r\n"
-                b"connection: close\r\n\r\n" + body
-            )
-        transport.close()
-
-
-def limited_httptools(max_header_bytes: int) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with the request head bounded to ``max_header_bytes``."""
-    return type(
-        "LimitedHttpToolsProtocol", (_LimitedHttpTools,), {"max_header_bytes": max_header_bytes}
-    )
