@@ -475,6 +475,9 @@ class HttpProtocol(asyncio.Protocol):
 
     def _answered(self, req: _Request) -> None:
         req.complete = True
+        if req.body:  # answered without reading all its body: no longer waiting to be read
+            self.buffered -= sum(map(len, req.body))
+            req.body = []
         self.server_state.total_requests += 1
         self.serving = None
         transport = self.transport
