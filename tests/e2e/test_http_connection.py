@@ -1,6 +1,7 @@
 """The HTTP/1.1 connection (``frontends/http_protocol.py``), through raw sockets against the
 real server: one write per answer, pipelining, ``Connection: close``, HTTP/1.0,
-``Expect: 100-continue``, a chunked request body, ``HEAD``, a request the parser refuses.
+``Expect: 100-continue``, a chunked request body, ``HEAD``, a request the parser refuses, a
+client that does not read its answers.
 
 One write per answer is judged from the client's own socket: Linux counts the TCP segments
 that carried data into it (``tcpi_data_segs_in`` of ``TCP_INFO``), so an answer written as a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests import zoo
+from tests.e2e.helpers import wait_until
 
 _DATA_SEGS_IN = 152  # offset of tcpi_data_segs_in in struct tcp_info (Linux >= 4.6)
 JSON_BODY = json.dumps(
@@ -221,3 +224,59 @@ def test_a_request_the_parser_refuses_is_400_and_closed(srv: Any) -> None:
         assert headers["connection"] == "close"
         assert conn.closed_by_server()
     assert srv.get("/v2/health/live")[0] == 200  # and the server serves on
+
+
+def _executions(srv: Any) -> int:
+    code, raw = srv.get("/v2/models/identity/stats")
+    assert code == 200, raw
+    return int(json.loads(raw)["model_stats"][0]["execution_count"])
+
+
+def test_a_client_that_does_not_read_its_answers_stops_the_server_answering(srv: Any) -> None:
+    """Pipelined requests whose answers are never read: the server stops serving them once
+    the connection's buffers are full (it waits for them to drain), instead of holding every
+    answer in memory; reading them then gets each one, whole and in order."""
+    n, size = 100, 65536  # 100 answers of 256 KB: far more than the kernel's buffers hold
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, size],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": size * 4},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    before = _executions(srv)
+    with _Conn(srv.http_port) as conn:
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        bodies = [np.full(size, i, np.float32) for i in range(n)]
+        burst = [
+            _post(
+                "/v2/models/identity/infer",
+                header + b.tobytes(),
+                f"Inference-Header-Content-Length: {len(header)}",
+            )
+            for b in bodies
+        ]
+        sender = threading.Thread(target=lambda: [conn.sock.sendall(r) for r in burst])
+        sender.start()
+        seen: list[int] = []
+
+        def settled() -> bool:  # the count stopped moving, or every request ran
+            seen.append(_executions(srv) - before)
+            return seen[-1] == n or (len(seen) >= 5 and len(set(seen[-5:])) == 1)
+
+        wait_until(settled, timeout=60, interval=0.2, what="executions to stop")
+        assert 0 < seen[-1] < n, f"{seen[-1]} of {n} executed with no answer read"
+        for i in range(n):
+            status, headers, body = conn.answer()
+            assert status == 200
+            start = int(headers["inference-header-content-length"])
+            out = np.frombuffer(body[start:], np.float32)
+            assert out.shape == (size,) and out[0] == i and out[-1] == i
+        sender.join(30)
+        assert not sender.is_alive()

@@ -27,6 +27,9 @@ Rules of this file:
 - A connection lost before its answer is complete is told to the request it carries:
   ``scope[DISCONNECTED]`` is set and ``scope[ON_DISCONNECT]`` called (where the application
   put one); ``receive()`` then returns ``http.disconnect`` and ``send()`` does nothing.
+- Nothing is written while the transport's buffer is over its high-water mark (a client
+  that sends requests but does not read the answers): each ``send`` waits for it to drain,
+  so the answers held for such a client are bounded.
 - An application that raises before answering gets a 500 and the connection is closed; one
   that raises or returns mid-answer has the connection closed.
 - An idle connection (no request in flight) is closed after ``timeout_keep_alive`` seconds
@@ -407,6 +410,8 @@ class HttpProtocol(asyncio.Protocol):
         return {"type": "http.request", "body": body, "more_body": req.more}
 
     async def _send(self, req: _Request, message: Any) -> None:
+        if self.write_paused and not req.gone:  # a client that does not read its answers
+            await self._drain()
         if req.gone:
             return
         kind = message["type"]
@@ -445,10 +450,6 @@ class HttpProtocol(asyncio.Protocol):
             raise RuntimeError("the answer is complete already")
         body = message.get("body", b"")
         more = message.get("more_body", False)
-        if self.write_paused and more:
-            await self._drain()
-            if req.gone:
-                return
         transport = self.transport
         if req.head_only:
             pass
