@@ -26,6 +26,7 @@ as measured. Needs ../shared/bench-peers/setup.sh to have run (Triton, perf_anal
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import socket
 import statistics
@@ -40,20 +41,14 @@ sys.path.insert(0, str(HERE))
 import psutil  # noqa: E402
 
 from servers import PERF_ANALYZER, Server, served, start_sluice, start_triton, tree_cpu  # noqa: E402
-from vs_triton import SERVER_ENV, write_repo  # noqa: E402
+from vs_triton import SERVER_ENV, pa_command, write_repo  # noqa: E402
 
 Row = dict[str, float]
 
 
 def measure(server: Server, model: str, proto: str, interval: int, out: Path) -> Row | None:
     """One perf_analyzer run at c=1: wall, server and client CPU per request (us)."""
-    port = server.grpc if proto == "grpc" else server.http
-    cmd = [
-        str(PERF_ANALYZER),
-        *("-m", model, "-i", proto, "-u", f"127.0.0.1:{port}"),
-        *("--concurrency-range", "1", "--input-data", "zero"),
-        *("-p", str(interval), "-s", "99999", "-r", "3", "-f", str(out)),
-    ]
+    cmd = pa_command(server, model, proto, 1, interval, out)
     out.unlink(missing_ok=True)
     own = psutil.Process(server.proc.pid)
     cpu0, n0 = tree_cpu(server.proc.pid), served(server, model)
@@ -75,9 +70,8 @@ def measure(server: Server, model: str, proto: str, interval: int, out: Path) ->
     if os.waitstatus_to_exitcode(status) != 0 or not out.exists():
         print(f"  {server.name} {proto}: perf_analyzer failed", file=sys.stderr)
         return None
-    lines = out.read_text().splitlines()
-    header, first = lines[0].split(","), lines[1].split(",")
-    rate = float(first[header.index("Inferences/Second")])
+    with out.open() as f:
+        rate = float(next(csv.DictReader(f))["Inferences/Second"])
     n = max(1, n1 - n0)
     return {
         "wall": 1e6 / rate,

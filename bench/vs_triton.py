@@ -86,17 +86,25 @@ def write_repo(dest: Path, models: Sequence[str]) -> Path:
     return dest
 
 
-def measure(
+def pa_command(
     server: Server, model: str, proto: str, c: int, interval: int, out: Path
-) -> Sample | None:
-    """perf_analyzer's figures for one cell on one server; None when the run failed."""
+) -> list[str]:
+    """One bounded perf_analyzer run of a cell: three windows of ``interval`` ms, any spread
+    accepted, its CSV written to ``out``."""
     port = server.grpc if proto == "grpc" else server.http
-    cmd = [
+    return [
         str(PERF_ANALYZER),
         *("-m", model, "-i", proto, "-u", f"127.0.0.1:{port}"),
         *("--concurrency-range", str(c), "--input-data", "zero"),
         *("-p", str(interval), "-s", "99999", "-r", "3", "-f", str(out)),
     ]
+
+
+def measure(
+    server: Server, model: str, proto: str, c: int, interval: int, out: Path
+) -> Sample | None:
+    """perf_analyzer's figures for one cell on one server; None when the run failed."""
+    cmd = pa_command(server, model, proto, c, interval, out)
     row = csv_run(
         cmd, out, f"{server.name} {model} {proto} c={c}", timeout=60 + 10 * interval / 1000
     )

@@ -56,7 +56,6 @@ __all__ = ["HttpProtocol", "http_protocol"]
 log = logging.getLogger("uvicorn.error")
 
 _HIGH_WATER = 65536  # body bytes waiting to be received before reading pauses
-_CLOSE_HEADER = (b"connection", b"close")
 
 
 def _status_line(status: int) -> bytes:
@@ -86,7 +85,6 @@ class _Request:
         "gone",
         "held",
         "chunked",
-        "task",
     )
 
     def __init__(self, scope: dict[str, Any], keep_alive: bool, expect_100: bool) -> None:
@@ -102,7 +100,6 @@ class _Request:
         self.gone = False  # the connection was lost before the answer was complete
         self.held: bytes | None = None  # the head of a whole answer, until its body comes
         self.chunked = False
-        self.task: asyncio.Task[None] | None = None
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -182,9 +179,6 @@ class HttpProtocol(asyncio.Protocol):
             if hook is not None:
                 hook()
         self._resume_writers()
-
-    def eof_received(self) -> bool | None:
-        return None  # (the transport closes itself)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -346,7 +340,6 @@ class HttpProtocol(asyncio.Protocol):
         self.serving = req
         tasks = self.server_state.tasks
         task = self.loop.create_task(self._run(req))
-        req.task = task
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -402,8 +395,8 @@ class HttpProtocol(asyncio.Protocol):
                 req.waiter = None
         if req.gone or req.complete:
             return {"type": "http.disconnect"}
-        chunks, req.body = req.body, []
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = b"".join(req.body)  # (one chunk: that chunk itself, not a copy)
+        req.body = []
         self.buffered -= len(body)
         if self.read_paused and self.buffered <= _HIGH_WATER and not self.waiting:
             self._resume_reading()
@@ -439,8 +432,6 @@ class HttpProtocol(asyncio.Protocol):
             head = b"".join(parts)
             if length is None or req.head_only:
                 self.transport.write(head)
-                if req.head_only:
-                    req.held = None
             else:
                 req.held = head  # written with the body, in one write
             return
