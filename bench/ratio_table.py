@@ -6,7 +6,10 @@
 The first form reads what ``bench/vs_triton.py --json`` (or ``bench/run_all.py``) saved: per
 cell the time-adjacent pairs of every round. ``paired_table`` prints each cell's median
 throughputs and p99s, every round's ratio, the median of the paired ratios and flags
-(a round below the round goal, a median below the median goal); ``markdown_table`` is the
+(a round below the round goal, a median below the median goal, and for a model without
+batching the ``ceiling``: the most one instance can serve, 1e6 / sluice's own Server Compute
+Infer in us, over Triton's throughput, i.e. the best ratio any server could reach in that
+cell; flagged when it is below the median goal); ``markdown_table`` is the
 performance page's table; ``compare`` sets a run's medians beside an earlier run's.
 
 The second form reads bench-peers' ``run.sh`` result folders (``--rounds N``: the folders
@@ -117,7 +120,17 @@ def summary(
             k: statistics.median(x[k] for x in runs) if runs else 0.0
             for k in ("infer_per_sec", "p99_us")
         }
+    ceiling = None
+    computes = [
+        r["sluice"]["compute_infer_us"]
+        for r in cell["rounds"]
+        if r.get("sluice") and r["sluice"].get("compute_infer_us")
+    ]
+    if cell.get("unbatched") and computes and side["triton"]["infer_per_sec"]:
+        ceiling = 1e6 / statistics.median(computes) / side["triton"]["infer_per_sec"]
     flags = []
+    if ceiling is not None and ceiling < median_goal:
+        flags.append(f"ceiling {ceiling:.2f}")
     if any(r < round_goal for r in ok):
         flags.append(f"round<{round_goal:g}")
     if ok and statistics.median(ok) < median_goal:
@@ -127,6 +140,7 @@ def summary(
     return {
         "median": statistics.median(ok) if ok else None,
         "ratios": each,
+        "ceiling": ceiling,
         "flags": flags,
         **side,
     }
@@ -157,6 +171,13 @@ def paired_table(result: Result, round_goal: float = 1.0, median_goal: float = 1
         f"{short} of {len(result['cells'])} cells flagged (goal: every round >= {round_goal:g}, "
         f"median >= {median_goal:g})"
     )
+    ceilings = [summary(c, round_goal, median_goal)["ceiling"] for c in result["cells"]]
+    bounded = [x for x in ceilings if x is not None and x < median_goal]
+    if bounded:
+        lines.append(
+            f"{len(bounded)} of them cannot reach {median_goal:g} on any server: 'ceiling' is one "
+            "instance's most (1e6 / sluice's execute() time per request) over Triton's throughput"
+        )
     return "\n".join(lines)
 
 

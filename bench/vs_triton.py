@@ -59,6 +59,9 @@ MODELS = {
     "heavy_nobatch": "heavy_nobatch (~1.5 ms numpy), no batching",
     "identity_large": "identity_large (602 KB in and out)",
 }
+# models without batching, one instance: a request is an execution, and one instance can run
+# at most 1 / (its execute() time) of them a second, whatever the server around it does
+UNBATCHED = frozenset({"add_sub_nobatch", "heavy_nobatch"})
 PROTOCOLS = ("grpc", "http")
 CONCURRENCY = (1, 8, 32)
 # what both servers get, as bench-peers' run.sh (SERVER_THREADS=1): numpy on one thread
@@ -66,7 +69,7 @@ FULL = {"rounds": 3, "interval": 800}
 QUICK = {"rounds": 1, "interval": 500}
 SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-Sample = dict[str, float]  # infer_per_sec, p50_us, p99_us
+Sample = dict[str, float]  # infer_per_sec, p50_us, p99_us, compute_infer_us
 
 
 def write_repo(dest: Path, models: Sequence[str]) -> Path:
@@ -114,6 +117,8 @@ def measure(
         "infer_per_sec": float(row["Inferences/Second"]),
         "p50_us": float(row["p50 latency"]),
         "p99_us": float(row["p99 latency"]),
+        # the server's own figure (its statistics): execute() per request
+        "compute_infer_us": float(row.get("Server Compute Infer") or 0),
     }
 
 
@@ -174,7 +179,10 @@ def run_matrix(
             "sluice_flags": list(sluice_flags),
         },
         "labels": {m: MODELS[m] for m in models},
-        "cells": [{"model": m, "proto": p, "c": c, "rounds": []} for m, p, c in cells],
+        "cells": [
+            {"model": m, "proto": p, "c": c, "unbatched": m in UNBATCHED, "rounds": []}
+            for m, p, c in cells
+        ],
     }
     with tempfile.TemporaryDirectory(prefix="sluice-vs-triton-") as tmp:
         root = Path(tmp)

@@ -52,6 +52,33 @@ def test_a_cell_meeting_both_goals_has_no_flag() -> None:
     assert sm["flags"] == []
 
 
+def test_a_model_without_batching_says_when_one_instance_cannot_reach_the_goal() -> None:
+    # sluice's execute() takes 2,800 us a request: one instance serves at most ~357/s; Triton
+    # served 350/s, so no server can be 1.2x here (357 / 350 = 1.02)
+    c = cell("heavy_nobatch", "http", 8, [(360, 350), (355, 350), (340, 350)])
+    c["unbatched"] = True
+    for r in c["rounds"]:
+        r["sluice"]["compute_infer_us"] = 2800.0
+    sm = ratio_table.summary(c)
+    assert sm["ceiling"] == pytest.approx(1e6 / 2800 / 350)
+    assert sm["flags"] == ["ceiling 1.02", "round<1", "median<1.2"]
+    table = ratio_table.paired_table({"cells": [c]})
+    assert "1 of them cannot reach 1.2 on any server" in table
+    # the same figures for a batched model, or without the server's compute figure: no ceiling
+    c["unbatched"] = False
+    assert ratio_table.summary(c)["ceiling"] is None
+    c["unbatched"] = True
+    for r in c["rounds"]:
+        del r["sluice"]["compute_infer_us"]
+    assert ratio_table.summary(c)["ceiling"] is None
+    # a quick model: the ceiling is far above the goal and says nothing
+    quick = cell("add_sub_nobatch", "http", 8, [(1100, 1000)] * 3)
+    quick["unbatched"] = True
+    quick["rounds"][0]["sluice"]["compute_infer_us"] = 15.0
+    sm = ratio_table.summary(quick)
+    assert sm["ceiling"] > 60 and sm["flags"] == ["median<1.2"]
+
+
 def test_a_failed_run_pairs_nothing_and_is_said() -> None:
     sm = ratio_table.summary(cell("add_sub", "grpc", 8, [(None, 1000), (1500, 1000), (1300, 1000)]))
     assert sm["ratios"][0] is None
