@@ -3,7 +3,9 @@ any network front-end, against numpy doing the same add in a loop (the floor).
 
     .venv/bin/python bench/hotpath.py [--requests 5000] [--concurrency 1 8 16]
 
-Prints requests/s and mean/p99 latency per concurrency and the ratio against the floor.
+Prints requests/s, mean/p99 latency and this process's CPU per request (the core's share of a
+server process: no front-end, the python worker's own CPU not counted) per concurrency, and the
+ratio against the floor.
 """
 
 from __future__ import annotations
@@ -60,14 +62,15 @@ async def run(n: int, concurrencies: list[int], model: str) -> None:
         lat.clear()
         st0 = manager.serving.get(model).stats
         inf0, ex0 = st0.inference_count, st0.execution_count
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client(n // conc) for _ in range(conc)))
         rate = len(lat) / (time.perf_counter() - t0)
+        cpu_us = (time.process_time() - cpu0) / len(lat) * 1e6
         lat.sort()
         st = manager.serving.get(model).stats
         print(
             f"c={conc:<3} {rate:8,.0f} req/s  mean {statistics.mean(lat) * 1e6:7.0f} us  "
-            f"p99 {lat[int(len(lat) * 0.99)] * 1e6:7.0f} us  "
+            f"p99 {lat[int(len(lat) * 0.99)] * 1e6:7.0f} us  CPU {cpu_us:5.0f} us/req  "
             f"avg batch {(st.inference_count - inf0) / max(st.execution_count - ex0, 1):.1f}  "
             f"ratio to floor {rate / floor:.3f}"
         )
