@@ -111,7 +111,10 @@ def matrix_markdown(m: dict[str, Any]) -> str:
         f"{len(m['cells'])} cells, {s['rounds']} round(s) of {s['interval_ms']} ms windows "
         "(perf_analyzer -p; 3 windows per run), both servers up at once, the order alternating; "
         "each cell: the median of the paired sluice/Triton throughput ratios, then each round's; "
-        "flagged: a round below 1.0 or a median below 1.2.\n\n" + ratio_table.markdown_table(m)
+        "flagged: a round below 1.0 or a median below 1.2, and for a model without batching a "
+        "ceiling below 1.2 (one instance's most, 1e6 / sluice's execute() time per request, over "
+        "Triton's throughput: the best ratio any server could reach there).\n\n"
+        + ratio_table.markdown_table(m)
     )
 
 
