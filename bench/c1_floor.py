@@ -50,7 +50,7 @@ from servers import (  # noqa: E402
     start_triton,
     tree_cpu,
 )
-from vs_triton import SERVER_ENV, write_repo  # noqa: E402
+from vs_triton import SERVER_ENV, pa_command, write_repo  # noqa: E402
 
 MODEL = "add_sub_nobatch"
 
@@ -169,12 +169,7 @@ def start_floor(mode: str, answers: Path, log: Path) -> Server:
 def measure(srv: Server, counted, interval: int, out: Path) -> tuple[float, float, float] | None:  # type: ignore[no-untyped-def]
     """(wall, tree CPU, server process CPU) in us per request of one perf_analyzer run at
     c=1; the tree's CPU less the server process's is its worker's (or stub's)."""
-    cmd = [
-        str(PERF_ANALYZER),
-        *("-m", MODEL, "-i", "http", "-u", f"127.0.0.1:{srv.http}"),
-        *("--concurrency-range", "1", "--input-data", "zero"),
-        *("-p", str(interval), "-s", "99999", "-r", "3", "-f", str(out)),
-    ]
+    cmd = pa_command(srv, MODEL, "http", 1, interval, out)
     own = psutil.Process(srv.proc.pid)
     cpu0, main0, n0 = tree_cpu(srv.proc.pid), sum(own.cpu_times()[:2]), counted()
     row = csv_run(cmd, out, f"{srv.name} c=1", timeout=60 + 10 * interval / 1000)
