@@ -1,6 +1,6 @@
 """What each layer of sluice's server process costs a c=1 HTTP request, by ablation.
 
-    .venv/bin/python bench/c1_layers.py [--rounds 5] [--requests 4000]
+    .venv/bin/python bench/c1_layers.py [--rounds 5] [--requests 4000] [--protocol grpc]
 
 Four sluice servers on one repository (add_sub_nobatch), each with one layer answering from
 the first result it gave (the rest of the process unchanged), and a bare loop for reference:
@@ -15,7 +15,8 @@ the first result it gave (the rest of the process unchanged), and a bare loop fo
 - ``floor``: ``GET`` on ``c1_floor.py``'s bare uvloop + httptools loop.
 
 Each is driven by a keep-alive ``http.client`` loop in this process (perf_analyzer's binary
-add_sub request, or the GET), rounds interleaved; the figure is the server process's CPU
+add_sub request, or the GET), rounds interleaved; with ``--protocol grpc``, by tritonclient's
+gRPC client (``infer``, and ``is_server_ready`` for ``ready``; no floor row); the figure is the server process's CPU
 (user + system, /proc) per request, its median over the rounds. Differences between rows are
 what a layer costs: backend = whole - backend-cached, core = backend-cached - service-cached,
 infer handler and codec = service-cached - ready. The client's own CPU does not count, so a
@@ -127,11 +128,42 @@ def cpu_per_request(
         conn.close()
 
 
+def grpc_cpu_per_request(srv: Server, call: str, n: int) -> float:
+    """As ``cpu_per_request``, over gRPC with tritonclient (one channel)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc}")
+    zero = np.zeros((1, 4), np.float32)
+    inputs = [grpcclient.InferInput(name, [1, 4], "FP32") for name in ("INPUT0", "INPUT1")]
+    for i in inputs:
+        i.set_data_from_numpy(zero)
+
+    def once() -> None:
+        if call == "ready":
+            if not client.is_server_ready():
+                raise RuntimeError("server not ready")
+        else:
+            client.infer(MODEL, inputs)
+
+    try:
+        for _ in range(200):
+            once()
+        proc = psutil.Process(srv.proc.pid)
+        cpu0 = sum(proc.cpu_times()[:2])
+        for _ in range(n):
+            once()
+        return (sum(proc.cpu_times()[:2]) - cpu0) / n * 1e6
+    finally:
+        client.close()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=4000, help="per round and server")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     args = p.parse_args()
+    grpc = args.protocol == "grpc"
     body, headers = infer_request()
     path = f"/v2/models/{MODEL}/infer"
 
@@ -148,7 +180,7 @@ def main() -> int:
         if r.status != 200:
             raise RuntimeError(f"/v2/health/ready answered {r.status}")
 
-    rows = ["whole", "backend-cached", "service-cached", "ready", "floor"]
+    rows = ["whole", "backend-cached", "service-cached", "ready"] + ([] if grpc else ["floor"])
     got: dict[str, list[float]] = {k: [] for k in rows}
     with tempfile.TemporaryDirectory(prefix="sluice-c1-layers-") as tmp:
         root = Path(tmp)
@@ -162,18 +194,23 @@ def main() -> int:
             for srv in servers.values():
                 srv.wait_ready()
                 srv.wait_ready(f"/v2/models/{MODEL}/ready", timeout=60)
-            servers["floor"] = start_floor("inline", record_answers(root), root / "floor.log")
             plan = [
                 ("whole", servers["whole"], infer),
                 ("backend-cached", servers["backend-cached"], infer),
                 ("service-cached", servers["service-cached"], infer),
                 ("ready", servers["whole"], ready),
-                ("floor", servers["floor"], ready),
             ]
+            if not grpc:
+                servers["floor"] = start_floor("inline", record_answers(root), root / "floor.log")
+                plan.append(("floor", servers["floor"], ready))
             for r in range(args.rounds):
                 order = plan[r % len(plan) :] + plan[: r % len(plan)]
                 for name, srv, send in order:
-                    got[name].append(cpu_per_request(srv, send, args.requests))
+                    if grpc:
+                        call = "ready" if send is ready else "infer"
+                        got[name].append(grpc_cpu_per_request(srv, call, args.requests))
+                    else:
+                        got[name].append(cpu_per_request(srv, send, args.requests))
                 print(
                     f"round {r + 1}: "
                     + ", ".join(f"{k} {got[k][-1]:.0f}" for k in rows)
@@ -184,14 +221,18 @@ def main() -> int:
             for srv in servers.values():
                 srv.stop()
     med = {k: statistics.median(v) for k, v in got.items()}
-    print("\nserver process CPU per request at c=1, medians (us):")
+    print(f"\nserver process CPU per request at c=1 over {args.protocol}, medians (us):")
     for k in rows:
         print(f"  {k:15s} {med[k]:6.0f}")
     print(
         f"by difference: python backend's hand-over {med['whole'] - med['backend-cached']:.0f}, "
         f"core {med['backend-cached'] - med['service-cached']:.0f}, infer handler and codec "
-        f"{med['service-cached'] - med['ready']:.0f}, connection and routing above a bare loop "
-        f"{med['ready'] - med['floor']:.0f}"
+        f"{med['service-cached'] - med['ready']:.0f}"
+        + (
+            ""
+            if grpc
+            else f", connection and routing above a bare loop {med['ready'] - med['floor']:.0f}"
+        )
     )
     return 0
 
