@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import statistics
 import sys
 import tempfile
@@ -41,11 +40,12 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from c1_floor import start_floor  # noqa: E402
-from http_layer_cost import record_answers  # noqa: E402
-from servers import Server, free_port  # noqa: E402
+from http_layer_cost import binary_infer_request, record_answers  # noqa: E402
+from servers import Server, start_sluice  # noqa: E402
 from vs_triton import SERVER_ENV, write_repo  # noqa: E402
 
 MODEL = "add_sub_nobatch"
+READY = "/v2/health/ready"
 
 # python BOOT <backend|service|none> serve ...: sluice with one layer answering from its first
 # result (dataclasses.replace keeps every other field of the first answer)
@@ -80,56 +80,45 @@ sys.exit(main(sys.argv[1:]))
 
 
 def start(kind: str, repo: Path, log: Path) -> Server:
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-c",
-        BOOT,
-        kind,
-        "serve",
-        f"--model-repository={repo}",
-        f"--http-port={http}",
-        f"--grpc-port={grpc}",
-        f"--metrics-port={metrics}",
-        "--http-address=127.0.0.1",
-        "--grpc-address=127.0.0.1",
-        "--metrics-address=127.0.0.1",
-    ]
     env = {**SERVER_ENV, "PYTHONPATH": str(ROOT / "src")}
-    return Server(f"sluice-{kind}", cmd, http, grpc, log, None, env)
+    program = (sys.executable, "-c", BOOT, kind)
+    return start_sluice(repo, log, env=env, program=program, name=f"sluice-{kind}")
 
 
-def infer_request() -> tuple[bytes, dict[str, str]]:
-    """perf_analyzer's binary add_sub request (zeros)."""
-    zero = np.zeros(4, np.float32).tobytes()
-    inputs = [
-        {"name": n, "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
-        for n in ("INPUT0", "INPUT1")
-    ]
-    outputs = [{"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT0", "OUTPUT1")]
-    head = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
-    return head + zero + zero, {"Inference-Header-Content-Length": str(len(head))}
+def server_cpu(srv: Server, once: Callable[[], None], n: int) -> float:
+    """The server process's CPU (us) per request over ``n`` calls of ``once`` (after 200
+    unmeasured ones)."""
+    for _ in range(200):
+        once()
+    proc = psutil.Process(srv.proc.pid)
+    cpu0 = sum(proc.cpu_times()[:2])
+    for _ in range(n):
+        once()
+    return (sum(proc.cpu_times()[:2]) - cpu0) / n * 1e6
 
 
-def cpu_per_request(
-    srv: Server, send: Callable[[http.client.HTTPConnection], None], n: int
-) -> float:
-    """The server process's CPU (us) per request over ``n`` requests on one connection."""
+def http_cpu(srv: Server, call: str, n: int) -> float:
+    """``server_cpu`` over one keep-alive HTTP connection: ``call`` "infer" (perf_analyzer's
+    binary request) or "ready" (``GET /v2/health/ready``)."""
+    body, headers = binary_infer_request()
+    method, path = ("POST", f"/v2/models/{MODEL}/infer") if call == "infer" else ("GET", READY)
+
+    def once() -> None:
+        conn.request(method, path, body if call == "infer" else None, headers)
+        r = conn.getresponse()
+        r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{path} answered {r.status}")
+
     conn = http.client.HTTPConnection("127.0.0.1", srv.http, timeout=30)
     try:
-        for _ in range(200):
-            send(conn)
-        proc = psutil.Process(srv.proc.pid)
-        cpu0 = sum(proc.cpu_times()[:2])
-        for _ in range(n):
-            send(conn)
-        return (sum(proc.cpu_times()[:2]) - cpu0) / n * 1e6
+        return server_cpu(srv, once, n)
     finally:
         conn.close()
 
 
-def grpc_cpu_per_request(srv: Server, call: str, n: int) -> float:
-    """As ``cpu_per_request``, over gRPC with tritonclient (one channel)."""
+def grpc_cpu(srv: Server, call: str, n: int) -> float:
+    """``server_cpu`` over one tritonclient gRPC channel: ``infer`` or ``is_server_ready``."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc}")
@@ -139,20 +128,13 @@ def grpc_cpu_per_request(srv: Server, call: str, n: int) -> float:
         i.set_data_from_numpy(zero)
 
     def once() -> None:
-        if call == "ready":
-            if not client.is_server_ready():
-                raise RuntimeError("server not ready")
-        else:
+        if call == "infer":
             client.infer(MODEL, inputs)
+        elif not client.is_server_ready():
+            raise RuntimeError("server not ready")
 
     try:
-        for _ in range(200):
-            once()
-        proc = psutil.Process(srv.proc.pid)
-        cpu0 = sum(proc.cpu_times()[:2])
-        for _ in range(n):
-            once()
-        return (sum(proc.cpu_times()[:2]) - cpu0) / n * 1e6
+        return server_cpu(srv, once, n)
     finally:
         client.close()
 
@@ -164,22 +146,7 @@ def main() -> int:
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     args = p.parse_args()
     grpc = args.protocol == "grpc"
-    body, headers = infer_request()
-    path = f"/v2/models/{MODEL}/infer"
-
-    def infer(conn: http.client.HTTPConnection) -> None:
-        conn.request("POST", path, body, headers)
-        r = conn.getresponse()
-        if r.read() and r.status != 200:
-            raise RuntimeError(f"{path} answered {r.status}")
-
-    def ready(conn: http.client.HTTPConnection) -> None:
-        conn.request("GET", "/v2/health/ready")
-        r = conn.getresponse()
-        r.read()
-        if r.status != 200:
-            raise RuntimeError(f"/v2/health/ready answered {r.status}")
-
+    measure = grpc_cpu if grpc else http_cpu
     rows = ["whole", "backend-cached", "service-cached", "ready"] + ([] if grpc else ["floor"])
     got: dict[str, list[float]] = {k: [] for k in rows}
     with tempfile.TemporaryDirectory(prefix="sluice-c1-layers-") as tmp:
@@ -195,22 +162,18 @@ def main() -> int:
                 srv.wait_ready()
                 srv.wait_ready(f"/v2/models/{MODEL}/ready", timeout=60)
             plan = [
-                ("whole", servers["whole"], infer),
-                ("backend-cached", servers["backend-cached"], infer),
-                ("service-cached", servers["service-cached"], infer),
-                ("ready", servers["whole"], ready),
+                ("whole", servers["whole"], "infer"),
+                ("backend-cached", servers["backend-cached"], "infer"),
+                ("service-cached", servers["service-cached"], "infer"),
+                ("ready", servers["whole"], "ready"),
             ]
             if not grpc:
                 servers["floor"] = start_floor("inline", record_answers(root), root / "floor.log")
-                plan.append(("floor", servers["floor"], ready))
+                plan.append(("floor", servers["floor"], "ready"))
             for r in range(args.rounds):
                 order = plan[r % len(plan) :] + plan[: r % len(plan)]
-                for name, srv, send in order:
-                    if grpc:
-                        call = "ready" if send is ready else "infer"
-                        got[name].append(grpc_cpu_per_request(srv, call, args.requests))
-                    else:
-                        got[name].append(cpu_per_request(srv, send, args.requests))
+                for name, srv, call in order:
+                    got[name].append(measure(srv, call, args.requests))
                 print(
                     f"round {r + 1}: "
                     + ", ".join(f"{k} {got[k][-1]:.0f}" for k in rows)

@@ -104,27 +104,27 @@ def _get(port: int, path: str, data: bytes | None = None, headers: dict[str, str
     return urllib.request.urlopen(req, timeout=10)
 
 
-def record_answers(root: Path) -> Path:
-    """sluice's own answers for MODEL, saved for the replaying servers."""
+def binary_infer_request() -> tuple[bytes, dict[str, str]]:
+    """perf_analyzer's binary add_sub request (zeros): the body and its header."""
     import numpy as np
 
+    zero = np.zeros(4, np.float32).tobytes()
+    inputs = [
+        {"name": n, "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
+        for n in ("INPUT0", "INPUT1")
+    ]
+    outputs = [{"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT0", "OUTPUT1")]
+    head = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
+    return head + zero + zero, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def record_answers(root: Path) -> Path:
+    """sluice's own answers for MODEL, saved for the replaying servers."""
     repo = write_repo(root / "repo", [MODEL])
     srv = start_sluice(repo, root / "sluice.log", "--allow-grpc=false", "--allow-metrics=false")
     try:
         srv.wait_ready()
-        zero = np.zeros(4, np.float32).tobytes()
-        inputs = [
-            {"name": n, "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
-            for n in ("INPUT0", "INPUT1")
-        ]
-        outputs = [{"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT0", "OUTPUT1")]
-        head = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
-        with _get(
-            srv.http,
-            f"/v2/models/{MODEL}/infer",
-            head + zero + zero,
-            {"Inference-Header-Content-Length": str(len(head))},
-        ) as r:
+        with _get(srv.http, f"/v2/models/{MODEL}/infer", *binary_infer_request()) as r:
             infer, length = r.read(), r.headers["Inference-Header-Content-Length"]
         answers = {"infer": infer.hex(), "infer_header_length": length}
         for key, path in (

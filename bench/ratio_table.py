@@ -155,11 +155,12 @@ def paired_table(result: Result, round_goal: float = 1.0, median_goal: float = 1
         f"{'model':<16}{'proto':<6}{'conc':>4} | {'sluice inf/s':>12} {'p99 ms':>7} | "
         f"{'triton inf/s':>12} {'p99 ms':>7} | {'median':>6} | {'rounds':<16}| flags"
     ]
-    short = 0
+    short = bounded = 0
     for cell in result["cells"]:
         sm = summary(cell, round_goal, median_goal)
         sl, tr = sm["sluice"], sm["triton"]
         short += bool(sm["flags"])
+        bounded += sm["ceiling"] is not None and sm["ceiling"] < median_goal
         lines.append(
             f"{cell['model']:<16}{cell['proto']:<6}{cell['c']:>4} | {sl['infer_per_sec']:>12.0f} "
             f"{sl['p99_us'] / 1e3:>7.2f} | {tr['infer_per_sec']:>12.0f} "
@@ -171,11 +172,9 @@ def paired_table(result: Result, round_goal: float = 1.0, median_goal: float = 1
         f"{short} of {len(result['cells'])} cells flagged (goal: every round >= {round_goal:g}, "
         f"median >= {median_goal:g})"
     )
-    ceilings = [summary(c, round_goal, median_goal)["ceiling"] for c in result["cells"]]
-    bounded = [x for x in ceilings if x is not None and x < median_goal]
     if bounded:
         lines.append(
-            f"{len(bounded)} of them cannot reach {median_goal:g} on any server: 'ceiling' is one "
+            f"{bounded} of them cannot reach {median_goal:g} on any server: 'ceiling' is one "
             "instance's most (1e6 / sluice's execute() time per request) over Triton's throughput"
         )
     return "\n".join(lines)

@@ -94,16 +94,17 @@ def start_sluice(
     prefix: Sequence[str] = (),
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
+    program: Sequence[str] = (sys.executable, "-m", "sluice"),
+    name: str = "sluice",
 ) -> Server:
     """``sluice serve`` on ``repo``, all three endpoints on free loopback ports; ``prefix`` goes
     before the command (``taskset -c 0``), ``extra`` after it (``--load-model=...``), ``env``
-    into its environment."""
+    into its environment; ``program`` is what runs ``serve`` (e.g. a bootstrap that patches
+    sluice first)."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     cmd = [
         *prefix,
-        sys.executable,
-        "-m",
-        "sluice",
+        *program,
         "serve",
         f"--model-repository={repo}",
         f"--http-port={http}",
@@ -114,7 +115,7 @@ def start_sluice(
         "--metrics-address=127.0.0.1",
         *extra,
     ]
-    srv = Server("sluice", cmd, http, grpc, log, cwd, env)
+    srv = Server(name, cmd, http, grpc, log, cwd, env)
     srv.metrics = metrics
     return srv
 
