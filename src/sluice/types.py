@@ -64,6 +64,10 @@ class InferRequest:
     # codec knew one: requests of one layout share names, datatypes and shapes, so the
     # serving path keys its validation result by it
     signature: Any = None
+    # Cancelled only when its client is gone (an HTTP or native gRPC front-end's request):
+    # nobody waits for a cancellation to end, so it may run in its caller's task
+    # (``Scheduler.run_now``), where a cancellation ends only with the execution
+    may_run_now: bool = False
 
 
 @dataclass(slots=True)

@@ -68,6 +68,9 @@ class TritonPythonModel:
 """
 
 MODEL = "gated"
+# the same model without dynamic batching: a request that finds its instance idle runs in its
+# caller's task (``Scheduler.run_now``), not through the queue
+ALONE = "gated_alone"
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,26 @@ def server(module_server: Any, module_repo: Path, gates: Path) -> Iterator[Any]:
         """,
         GATED_PY,
     )
-    srv = module_server(module_repo, "--model-control-mode=explicit", f"--load-model={MODEL}")
+    zoo.write_model(
+        module_repo,
+        ALONE,
+        f"""
+        name: "{ALONE}"
+        backend: "python"
+        max_batch_size: 4
+        input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+        parameters {{ key: "dir" value: {{ string_value: "{gates}" }} }}
+        """,
+        GATED_PY,
+    )
+    srv = module_server(
+        module_repo,
+        "--model-control-mode=explicit",
+        f"--load-model={MODEL}",
+        f"--load-model={ALONE}",
+    )
     yield srv
     (gates / "all").touch()  # whatever a failed test left held goes on, so the server stops
 
@@ -116,13 +138,13 @@ def _started(gates: Path, v: int) -> bool:
     return f"start {v}" in _log(gates)
 
 
-def _stats(srv: Any) -> dict[str, int]:
-    code, raw = srv.get(f"/v2/models/{MODEL}/stats")
+def _stats(srv: Any, model: str = MODEL) -> dict[str, int]:
+    code, raw = srv.get(f"/v2/models/{model}/stats")
     assert code == 200, raw
     s = json.loads(raw)["model_stats"][0]
     code, body = srv.get("/metrics", port=srv.metrics_port)
     assert code == 200
-    prefix = f'nv_inference_request_failure{{model="{MODEL}",'
+    prefix = f'nv_inference_request_failure{{model="{model}",'
     cancelled = sum(
         int(float(line.rsplit(" ", 1)[1]))
         for line in body.decode().splitlines()
@@ -144,9 +166,9 @@ class _Call(threading.Thread):
     """One infer (HTTP via tritonclient) in the background; ``result`` is the OUTPUT value
     or the error text."""
 
-    def __init__(self, srv: Any, value: float) -> None:
+    def __init__(self, srv: Any, value: float, model: str = MODEL) -> None:
         super().__init__(daemon=True)
-        self.srv, self.value = srv, value
+        self.srv, self.value, self.model = srv, value, model
         self.result: Any = None
         self.start()
 
@@ -157,7 +179,7 @@ class _Call(threading.Thread):
         try:
             inp = httpclient.InferInput("INPUT", [1, 1], "FP32")
             inp.set_data_from_numpy(np.array([[self.value]], np.float32))
-            self.result = float(client.infer(MODEL, [inp]).as_numpy("OUTPUT")[0, 0])
+            self.result = float(client.infer(self.model, [inp]).as_numpy("OUTPUT")[0, 0])
         except InferenceServerException as exc:
             self.result = f"error {exc.status()} {exc.message()}"
         except Exception as exc:  # noqa: BLE001 - recorded for the assertion
@@ -166,12 +188,12 @@ class _Call(threading.Thread):
             client.close()
 
 
-def _raw_infer(srv: Any, value: float) -> socket.socket:
+def _raw_infer(srv: Any, value: float, model: str = MODEL) -> socket.socket:
     """A whole infer request written on a raw connection, left unanswered for now."""
     body = json.dumps(fp32_infer_body(value, name="INPUT")).encode()
     sock = socket.create_connection(("127.0.0.1", srv.http_port), timeout=30)
     sock.sendall(
-        f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\n"
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
@@ -345,4 +367,56 @@ def test_grpc_call_cancelled_while_executing_drops_only_its_answer(
         "fail": 1,
         "canceled": 1,
         "executions": 3,
+    }
+
+
+@pytest.mark.parametrize("protocol", ["http", pytest.param("grpc", marks=pytest.mark.grpc)])
+def test_client_leaving_a_request_that_runs_at_once(
+    server: Any, gates: Path, protocol: str
+) -> None:
+    """A model without dynamic batching, its instance idle: the request runs at once, in its
+    caller's task. Its client leaves mid-execution: the model still runs it to its end and
+    the execution counts; the instance is not handed the next request's start before that
+    end (the next one waits, pending, then runs); the leaver counts once, as CANCELED."""
+    base = 50 if protocol == "http" else 60
+    before = _stats(server, ALONE)
+    client = grpc_client(server) if protocol == "grpc" else None
+    done: list[Any] = []
+    try:
+        if client is None:
+            sock = _raw_infer(server, base, ALONE)
+        else:
+            ctx = client.async_infer(
+                ALONE, _grpc_inputs(base), callback=lambda result, error: done.append(error)
+            )
+        wait_until(lambda: _started(gates, base), what="the request to execute")
+        assert pending(server, ALONE) == 1  # executing counts as pending
+        if client is None:
+            sock.close()
+        else:
+            ctx.cancel()
+            wait_until(lambda: len(done) == 1, what="the client to see its call end")
+            assert isinstance(done[0], InferenceServerException)
+            assert done[0].status() == "StatusCode.CANCELLED"
+        nxt = _Call(server, base + 1, ALONE)
+        wait_until(lambda: pending(server, ALONE) == 2, what="the next request to wait")
+        assert f"start {base + 1}" not in _log(gates)
+        _open(gates, base, base + 1)
+        nxt.join(60)
+    finally:
+        if client is not None:
+            client.close()
+    assert nxt.result == 2.0 * (base + 1)
+    log = _log(gates)
+    assert log.index(f"done {base}") < log.index(f"start {base + 1}"), log
+    wait_until(lambda: pending(server, ALONE) == 0, what="nothing pending")
+    wait_until(
+        lambda: _delta(_stats(server, ALONE), before)["canceled"] == 1,
+        what="the cancel to be counted",
+    )
+    assert _delta(_stats(server, ALONE), before) == {
+        "success": 1,
+        "fail": 1,
+        "canceled": 1,
+        "executions": 2,
     }

@@ -12,10 +12,16 @@ Rules of this file:
   result says ``rescheduled``: the scheduler queues it again (iterative sequences) or
   answers it with an error.
 - Timings come back with the result so the parent records statistics and metrics.
+- An instance whose ``finishes_when_cancelled`` is True may be executed in its caller's task
+  (``Scheduler.run_now``): cancelled once its batch was handed over, ``execute`` returns only
+  when that batch has ended, raising ``Abandoned`` with its result (the statistics still
+  count what the model did). Any other instance is executed in a task of the scheduler's
+  own, which its callers' cancellations never reach.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +38,7 @@ __all__ = [
     "ExecuteResult",
     "RESCHEDULED",
     "Rescheduled",
+    "Abandoned",
     "ModelInstance",
     "Backend",
     "register_backend",
@@ -78,6 +85,15 @@ class ExecuteResult:
     # False: the model never ran it (every request's client left while it waited behind
     # another batch): no execution, no queue time to record
     executed: bool = True
+
+
+class Abandoned(asyncio.CancelledError):
+    """``execute`` was cancelled after its batch was handed over; raised once that batch has
+    ended, with its result (which nobody receives)."""
+
+    def __init__(self, result: ExecuteResult) -> None:
+        super().__init__()
+        self.result = result
 
 
 class ModelInstance(Protocol):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,6 +99,12 @@ class VersionScheduler(Protocol):
         priority: int = 0,
         timeout_us: int = 0,
     ) -> asyncio.Future[InferResponse]: ...
+
+    def run_now(
+        self, request: InferRequest, batch_size: int
+    ) -> Coroutine[Any, Any, InferResponse] | None:
+        """The request's execution in the caller's task, where it may start at once without
+        a queue; None: ``submit`` it."""
 
     async def drain(self) -> None: ...
 

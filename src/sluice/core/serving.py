@@ -455,11 +455,15 @@ class Serving:
         arrival: int,
         count_failure: bool = True,
     ) -> InferResponse:
+        scheduler = sv.scheduler
         params = request.parameters
         priority = _int_param(params, "priority") if params else 0
         timeout = _int_param(params, "timeout") if params else 0
         try:
-            return await sv.scheduler.submit(request, batch, key, priority, timeout)
+            now = scheduler.run_now(request, batch)  # an idle instance, nothing queued
+            if now is not None:
+                return await now
+            return await scheduler.submit(request, batch, key, priority, timeout)
         except ServerError as exc:
             if count_failure:
                 sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(exc))

@@ -181,6 +181,7 @@ class GrpcHandlers:
                     )
             req = codec.decode_infer_request(msg, raws)
             req.arrival_ns = received_ns
+        req.may_run_now = True  # the edge cancels a call's task only once its client has gone
         response = await self.service.infer(req, protocol="ModelInfer RPC", admitted=self.admitted)
         return codec.encode_infer_response_parts(response, req)
 

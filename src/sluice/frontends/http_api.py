@@ -681,6 +681,7 @@ class HttpFrontend:
                 accept = value
         request = read_infer_request(body, model, version, header_length, self.layouts)
         request.arrival_ns = received_ns
+        request.may_run_now = True  # cancelled only when its client has gone
         if trace is not None:
             request.trace = trace
         response = await _unless_gone(scope, self.service.infer(request, protocol="HTTP end point"))

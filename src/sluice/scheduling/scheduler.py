@@ -27,6 +27,17 @@ Rules of this file:
   the queue only where the scheduler handles it (the sequence batcher's iterative
   sequences); elsewhere it is answered with the error Triton logs for it (Triton leaves the
   client waiting).
+- A request that finds nothing queued and an instance idle, on a model without dynamic
+  batching, sequence batching, the rate limiter, ``preserve_ordering`` or a decoupled
+  transaction policy, whose instances finish what they were handed when cancelled
+  (``finishes_when_cancelled``: python models), runs in its caller's task (``run_now``):
+  no job, no future, no dispatch task; the same statistics, pending gauge and instance
+  bookkeeping as a dispatched batch of one (queue time: from ``run_now`` to the start).
+  Its caller cancelled mid-execution, the instance ends the batch first and the execution
+  is still counted (``Abandoned``): so only a request whose caller never waits for its
+  cancellation may (``InferRequest.may_run_now``: HTTP's and the native gRPC edge's, whose
+  tasks are cancelled when their client has gone; a BLS call's timeout must return at once).
+  A traced request takes the queue (its trace gets the scheduler's stamps).
 - ``drain()`` waits until nothing is queued or running (used before an unload), and then
   for the instances that stream after ``execute`` returns (decoupled python models: they
   have ``drain()`` and ``fail_streams(error)``) to close their streams.
@@ -40,15 +51,17 @@ Rules of this file:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import ExecuteResult, ModelInstance, Rescheduled
+from ..backends.base import Abandoned, ExecuteResult, ModelInstance, Rescheduled
 from ..core.rate_limiter import RateLimiter, Slot
 from ..core.stats import ModelStats
 from ..errors import Internal, InvalidArgument, Overloaded, ServerError, Status
@@ -85,6 +98,9 @@ class Scheduler:
     # whether this scheduler may give an instance a second batch while it runs one (the
     # sequence batcher's slots are its own: it may not)
     pipelines = True
+    # whether a request may run in its caller's task when it finds an instance idle (the
+    # sequence batcher's requests go through its slots: they may not)
+    runs_now = True
 
     def __init__(
         self,
@@ -187,6 +203,16 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         # traces get COMPUTE_* stamps, except an ensemble's (its steps have their own), as Triton
         self._trace_compute = config.platform != "ensemble"
+        # a request may run in its caller's task (run_now; see the rules above)
+        self._direct = (
+            self.runs_now
+            and not self.policy.dynamic
+            and self._limiter is None
+            and not self._ordered
+            and config.platform != "ensemble"
+            and not config.model_transaction_policy.decoupled
+            and all(getattr(i, "finishes_when_cancelled", False) for i in instances)
+        )
 
     # ------------------------------------------------------------------ submit
     def submit(
@@ -242,6 +268,82 @@ class Scheduler:
             self._dispatch_soon = True
             self._loop.call_soon(self._deferred_dispatch)
         return fut
+
+    def run_now(
+        self, request: InferRequest, batch_size: int
+    ) -> Coroutine[Any, Any, InferResponse] | None:
+        """The request's execution, to be awaited in the caller's task, when it may start
+        now (see the rules above); None: ``submit`` it."""
+        if (
+            request.may_run_now
+            and self._direct
+            and self._idle
+            and not self._queued
+            and not self._delayed
+            and request.trace is None
+        ):
+            return self._run_now(request, batch_size)
+        return None
+
+    async def _run_now(self, request: InferRequest, batch_size: int) -> InferResponse:
+        enqueued = time.monotonic_ns()
+        inst = self._acquire()
+        assert inst is not None  # (no rate limiter)
+        stats = self.stats
+        stats.pending += 1
+        self._drained.add(1)
+        self._running += 1
+        result: ExecuteResult | None = None
+        answer: Any = None
+        cancelled = False
+        start = time.monotonic_ns()
+        try:
+            result = await inst.execute([request])
+            answer = self._only(result, batch_size)
+        except Abandoned as gone:  # the caller left; the model ran it to its end
+            result = gone.result
+            with contextlib.suppress(ServerError):
+                self._only(result, batch_size)
+            raise asyncio.CancelledError from None
+        except asyncio.CancelledError:  # the caller left before anything was handed over
+            cancelled = True
+            raise
+        except ServerError as exc:
+            answer = exc
+        except Exception as exc:  # a backend bug: fail this request only
+            log.exception("model '%s' version %s: execute failed", self.model, self.version)
+            answer = Internal(f"model '{self.model}' failed to execute: {exc}")
+        finally:
+            stats.pending -= 1
+            self._free(inst)
+            self._running -= 1
+            if not cancelled and (result is None or result.executed):
+                stats.record_queue(start - enqueued)
+            self._release(inst)
+            if self._queued or self._delayed:
+                self._dispatch()
+            self._maybe_idle()
+        if type(answer) is Rescheduled:
+            answer = self._reschedule_refused()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    def _only(self, result: ExecuteResult, batch_size: int) -> Any:
+        """The one answer of a batch of one; its execution counted when the model ran it."""
+        if len(result.results) != 1:
+            raise Internal(
+                f"model '{self.model}' returned {len(result.results)} responses for 1 request"
+            )
+        if result.executed:
+            self.stats.record_execution(
+                batch_size,
+                1,
+                result.compute_input_ns,
+                result.compute_infer_ns,
+                result.compute_output_ns,
+            )
+        return result.results[0]
 
     def _withdraw_if_cancelled(self, fut: asyncio.Future[InferResponse]) -> None:
         """A cancelled request (its client went away, its deadline passed) leaves its queue
@@ -544,14 +646,17 @@ class Scheduler:
         """The batch's jobs still to answer, with their results, once those the model
         released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE are queued again. Here none
         can be: each is answered with Triton's error (only iterative sequences reschedule)."""
+        refused = self._reschedule_refused()
+        return jobs, [refused if type(r) is Rescheduled else r for r in results]
+
+    def _reschedule_refused(self) -> Internal:
         log.error(
             "model '%s' version %s: Failed to release request: %s",
             self.model,
             self.version,
             RESCHEDULE_REFUSED,
         )
-        refused = Internal(RESCHEDULE_REFUSED)
-        return jobs, [refused if type(r) is Rescheduled else r for r in results]
+        return Internal(RESCHEDULE_REFUSED)
 
     def _finished(self, jobs: list[Job], results: list[Any]) -> None:
         """What a subclass records about a finished batch before the next dispatch (the

@@ -95,6 +95,7 @@ def _flag(value: Any) -> bool:
 
 class SequenceScheduler(Scheduler):
     pipelines = False  # a sequence's slot is one instance's, one batch at a time
+    runs_now = False  # every request goes through its sequence's slot
 
     def __init__(
         self,

@@ -56,7 +56,7 @@ from .messages import (
 from .shm import unlink_prefix
 from .worker import worker_main
 
-__all__ = ["WorkerClient", "run_auto_complete", "describe_exit"]
+__all__ = ["WorkerClient", "CallAbandoned", "run_auto_complete", "describe_exit"]
 
 _CTX = mp.get_context("spawn")
 
@@ -87,6 +87,15 @@ def describe_exit(exitcode: int | None) -> str:
             name = str(-exitcode)
         return f"was killed by signal {name}"
     return f"exited with code {exitcode}"
+
+
+class CallAbandoned(asyncio.CancelledError):
+    """A call cancelled by its caller, raised once the worker has answered it anyway: that
+    answer, which nobody receives."""
+
+    def __init__(self, reply: Any) -> None:
+        super().__init__()
+        self.reply = reply
 
 
 class _Child:
@@ -219,12 +228,16 @@ class WorkerClient:
             raise self._timed_out(child, msg.id, timeout) from None
         except asyncio.CancelledError:
             # The worker still reads the input arena until it answers: the caller's lock
-            # must stay held until then, so wait for the (discarded) reply before leaving.
+            # must stay held until then, so wait for the reply before leaving; it comes
+            # with the cancellation (CallAbandoned), for the statistics.
             if child.ready and self._pending.get(msg.id) is fut:
                 drain = loop.create_future()
                 self._pending[msg.id] = drain
+                reply = None
                 with contextlib.suppress(BaseException):
-                    await drain
+                    reply = await drain
+                if reply is not None:
+                    raise CallAbandoned(reply) from None
             raise
 
     def _timed_out(self, child: _Child, msg_id: int, timeout: float) -> ServerError:

@@ -62,6 +62,7 @@ from ...protocol.config_json import config_to_json_dict
 from ...types import InferRequest, InferResponse
 from ..base import (
     RESCHEDULED,
+    Abandoned,
     ExecuteResult,
     ModelInstance,
     ModelSpec,
@@ -89,7 +90,7 @@ from .messages import (
 from .messages import RESCHEDULED as RESCHEDULED_CODE
 from .messages import WITHDRAWN as WITHDRAWN_CODE
 from .metric_calls import MetricCalls
-from .pool import WorkerClient, run_auto_complete
+from .pool import CallAbandoned, WorkerClient, run_auto_complete
 from .settings import (
     DEFAULT_WORKER_ENV,
     PythonSettings,
@@ -242,6 +243,10 @@ class PythonInstance:
     ``PythonInstance(spec, name="add_sub_0", kind="CPU", device_id=0)``; then
     ``await start()``, ``await execute(requests)`` (one batch at a time), ``await stop()``.
     """
+
+    # cancelled, execute() waits for the worker's answer (the worker reads the arena until
+    # then) and raises Abandoned with it: the scheduler may run it in its caller's task
+    finishes_when_cancelled = True
 
     def __init__(
         self,
@@ -439,13 +444,24 @@ class PythonInstance:
                 )
             )
         t1 = clock()
-        exec_id, reply, waited = await self._send(
-            requests, Execute(0, inputs.name, tuple(wire), lane)
-        )
-        t2 = clock()
+        try:
+            exec_id, reply, waited = await self._send(
+                requests, Execute(0, inputs.name, tuple(wire), lane)
+            )
+        except CallAbandoned as gone:  # its caller left; the worker ran it to its end
+            if self._decoupled:
+                raise
+            raise Abandoned(self._result(requests, gone.reply, lane, t1 - t0, 0)) from None
         if self._decoupled:  # responses come through _on_message; execute() has returned
             return self._decoupled_result(exec_id, requests, reply, t1 - t0)
+        return self._result(requests, reply, lane, t1 - t0, waited)
 
+    def _result(
+        self, requests: list[InferRequest], reply: Any, lane: int, prep_ns: int, waited: int
+    ) -> ExecuteResult:
+        """The batch's result from the worker's reply: its outputs copied out of the arena."""
+        clock = time.perf_counter_ns
+        t2 = clock()
         if reply.results and reply.results[0][0] == WITHDRAWN_CODE:  # (every slot, then)
             gone = ServerError(
                 f"model '{self.spec.name}': the request was cancelled before it started",
@@ -480,7 +496,7 @@ class PythonInstance:
         t3 = clock()
         return ExecuteResult(
             results,
-            compute_input_ns=(t1 - t0) + reply.compute_input_ns,
+            compute_input_ns=prep_ns + reply.compute_input_ns,
             compute_infer_ns=reply.compute_infer_ns,
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
             rescheduled=rescheduled,
