@@ -160,6 +160,9 @@ def main() -> int:
         print("needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     trees = [t.resolve() for t in (args.tree or [ROOT / "src"])]
+    for t in trees:
+        if not any((t / "sluice" / "frontends" / "grpc_edge").glob("_edge*.so")):
+            print(f"note: {t} has no built gRPC edge: its gRPC is grpc.aio's", file=sys.stderr)
     layers = list(LAYERS) if args.layers and not args.worker else ["whole"]
     what = "worker process" if args.worker else "server process"
     got: dict[tuple[Path, str], float] = {}

@@ -118,7 +118,7 @@ class Layout(_Learned):
 
     def request(self, raws: list[Any]) -> InferRequest:
         inputs: dict[str, np.ndarray] = {}
-        for (name, dtype, shape, reshape), raw in zip(self.inputs, raws, strict=True):
+        for (name, dtype, shape, reshape), raw in zip(self.inputs, raws):  # noqa: B905
             arr = _frombuffer(raw, dtype)
             inputs[name] = arr.reshape(shape) if reshape else arr
         return self._request(inputs)

@@ -433,7 +433,7 @@ class PythonInstance:
             raise InvalidArgument(f"python model '{self.spec.name}': {exc}") from None
         all_outputs = self._all_outputs
         wire: list[RequestRef] = []
-        for r, (a, b) in zip(requests, spans, strict=True):
+        for r, (a, b) in zip(requests, spans):  # noqa: B905 - hot path (shm.py)
             outs = r.outputs
             wire.append(
                 (
@@ -476,7 +476,7 @@ class PythonInstance:
         results: list[InferResponse | ServerError | Rescheduled] = []
         params = reply.parameters
         rescheduled = False
-        for i, (r, (code, payload)) in enumerate(zip(requests, reply.results, strict=True)):
+        for i, (r, (code, payload)) in enumerate(zip(requests, reply.results)):  # noqa: B905
             if code != OK:
                 if code == RESCHEDULED_CODE:
                     results.append(RESCHEDULED)

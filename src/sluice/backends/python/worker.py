@@ -437,7 +437,7 @@ class _Worker:
         to_write: list[tuple[str, Any, str]] = []
         counts: list[int] = []
         resp_params: list[str] = []
-        for req, resp in zip(requests, responses, strict=True):
+        for req, resp in zip(requests, responses):  # noqa: B905 - lengths checked before
             if not isinstance(resp, pb.InferenceResponse):
                 if resp is None and req._release_flags == _RESCHEDULE:
                     results.append((RESCHEDULED, None))
@@ -485,7 +485,7 @@ def _rescheduled_error(requests: list[Any], responses: Sequence[Any]) -> str | N
     """Triton's text (its typo included) when a request released with
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE has a response in execute()'s list: it must be
     None there. It fails the whole batch, as in Triton."""
-    for req, resp in zip(requests, responses, strict=True):
+    for req, resp in zip(requests, responses):  # noqa: B905 - lengths checked before
         if resp is not None and req._release_flags == _RESCHEDULE:
             return (
                 "Expected a None object in the execute function return list for reschduled"
