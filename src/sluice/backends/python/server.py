@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import collections
 import functools
 import itertools
 import json
@@ -289,8 +290,10 @@ class PythonInstance:
             for lane in range(self.depth)
         )
         self._outputs = tuple(ArenaReader() for _ in range(self.depth))
-        self._lanes = asyncio.Semaphore(self.depth)
         self._free_lanes = list(reversed(range(self.depth)))  # pop() -> lane 0 first
+        # executions waiting for a lane, oldest first (the scheduler hands an instance at most
+        # ``depth`` batches at once, so none waits but a stray caller's)
+        self._lane_waiters: collections.deque[asyncio.Future[int]] = collections.deque()
         # the execution sent last that has not ended (its result: whether the worker answered
         # it, and when it ended): the next one waits behind it
         self._tail: asyncio.Future[tuple[bool, int]] | None = None
@@ -409,12 +412,34 @@ class PythonInstance:
             self._ready_check = None
 
     async def execute(self, requests: list[InferRequest]) -> ExecuteResult:
-        async with self._lanes:
-            lane = self._free_lanes.pop()
-            try:
-                return await self._execute(requests, lane)
-            finally:
-                self._free_lanes.append(lane)
+        free = self._free_lanes
+        lane = free.pop() if free and not self._lane_waiters else await self._wait_lane()
+        try:
+            return await self._execute(requests, lane)
+        finally:
+            self._give_lane(lane)
+
+    async def _wait_lane(self) -> int:
+        """A lane, once one is free (given in the order asked for)."""
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._lane_waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._give_lane(waiter.result())  # given as it was cancelled: pass it on
+            elif waiter in self._lane_waiters:  # (a cancelled one may have been passed over)
+                self._lane_waiters.remove(waiter)
+            raise
+
+    def _give_lane(self, lane: int) -> None:
+        waiters = self._lane_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(lane)
+                return
+        self._free_lanes.append(lane)
 
     async def _execute(self, requests: list[InferRequest], lane: int) -> ExecuteResult:
         clock = time.perf_counter_ns
