@@ -1,8 +1,11 @@
 """The typed protocol between the server process and a model worker process.
 
 Rules of this file:
-- Every message is a frozen dataclass; every message that expects an answer carries an ``id``
-  and its answer carries the same ``id`` (start-up uses id 0).
+- Every message is a frozen dataclass (the two of every request, ``Execute`` and
+  ``ExecuteReply``, a plain one with slots, never changed once made: a frozen dataclass
+  sets each field through ``object.__setattr__``, a Python-level call per field); every
+  message that expects an answer carries an ``id`` and its answer carries the same ``id``
+  (start-up uses id 0).
 - On the pipe a message travels as a plain tuple ``(tag, field, ...)`` pickled with protocol 5:
   pickling a tuple of str/int costs ~1.5 us each way, a dataclass ~15 us (measured), and this
   is the per-request hot path. ``encode``/``decode`` are the only (de)serialisers.
@@ -95,7 +98,7 @@ class WorkerSetup:
 # parent -> worker
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Execute:
     id: int
     arena: str  # name of the input arena segment holding every TensorRef below
@@ -187,7 +190,7 @@ class InitFailed:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ExecuteReply:
     id: int
     arena: str  # name of the worker's output arena ("" when nothing was written)

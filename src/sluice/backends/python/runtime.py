@@ -10,7 +10,8 @@ Rules of this file:
   waiter, the worker's readiness thread: checks are answered while an execution runs, as
   Triton's stub does.)
 - Lock order: ``_rx_lock`` then ``_cond``. A reader files what it read (under ``_cond``)
-  before it lets go of the pipe; a waiter only ever tries ``_rx_lock`` without blocking.
+  before it lets go of the pipe, and wakes the waiters (``_sleepers`` counts them); a
+  waiter only ever tries ``_rx_lock`` without blocking.
 - Writes to the pipe are whole messages under ``_tx_lock`` (a model may send responses from
   several threads).
 - Imports stay light (no numpy at import): the worker imports this before numpy's thread
@@ -73,7 +74,11 @@ class Channel:
         self._tx = tx
         self._tx_lock = threading.Lock()
         self._rx_lock = threading.Lock()
-        self._cond = threading.Condition()
+        # entered through its lock (a C-level context manager; the Condition's own
+        # __enter__/__exit__ are Python calls), notified only when somebody waits on it
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._sleepers = 0  # threads in _cond.wait()
         self._main: deque[Message] = deque()
         self._replies: dict[int, deque[Any]] = {}
         self._checks: deque[ReadyCheck] = deque()  # for the readiness thread (is_ready)
@@ -136,16 +141,20 @@ class Channel:
             self._rx_lock.release()
 
     def _wait(self, take: Callable[[], Any]) -> Any:
-        cond = self._cond
+        cond, lock = self._cond, self._lock
         while True:
-            with cond:
+            with lock:
                 item = take()
                 if item is not None:
                     return item
                 if self._closed:
                     raise EOFError("the server closed the pipe")
                 if not self._rx_lock.acquire(blocking=False):
-                    cond.wait()
+                    self._sleepers += 1
+                    try:
+                        cond.wait()
+                    finally:
+                        self._sleepers -= 1
                     continue
             try:
                 try:
@@ -162,12 +171,13 @@ class Channel:
         ``_rx_lock``: a waiter that then takes the pipe has seen these messages filed (or
         was waiting, and is woken), so it never blocks on the pipe for a message that is
         already here."""
-        with self._cond:
+        with self._lock:
             for msg in got:
                 self._file(msg)
             if closed:
                 self._closed = True
-            self._cond.notify_all()
+            if self._sleepers:
+                self._cond.notify_all()
 
     def _file(self, msg: Message) -> None:
         """File ``msg`` where it belongs (the caller holds ``_cond``)."""
