@@ -5,6 +5,11 @@ durations however often that part repeats."""
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
+
+import pytest
+
 from sluice.backends.python import messages as m
 
 REFS = (("INPUT0", "FP32", (1, 4), 0, 16), ("INPUT1", "FP32", (1, 4), 64, 16))
@@ -46,3 +51,33 @@ def test_the_kept_rests_are_bounded() -> None:
         sent = m.Execute(i, f"sl_{i}_i0", (REQUEST,))
         assert m.decode(m.encode(sent)) == sent
     assert len(m._pickled) <= m._CACHED and len(m._unpickled) <= m._CACHED
+
+
+def test_frames_read_and_written_as_a_multiprocessing_connection_does() -> None:
+    """``send_frame`` / ``recv_frame`` over a real pipe, interchangeable with the
+    Connection's own ``send_bytes`` / ``recv_bytes``: small and large frames, an empty one,
+    and the writer's close as EOFError."""
+    rx, tx = multiprocessing.Pipe(duplex=False)
+    small = b"x" * 100
+    large = bytes(range(256)) * 400  # 102400 bytes: more than one pipe buffer
+    got: list[bytes] = []
+
+    def write() -> None:
+        m.send_frame(tx, small)
+        m.send_frame(tx, b"")
+        m.send_frame(tx, large)
+        tx.send_bytes(small)
+        m.send_frame(tx, large)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    got += [m.recv_frame(rx), m.recv_frame(rx), m.recv_frame(rx), m.recv_frame(rx)]
+    got.append(rx.recv_bytes())
+    writer.join(10)
+    assert got == [small, b"", large, small, large]
+    tx.close()
+    with pytest.raises(EOFError):
+        m.recv_frame(rx)
+    rx.close()
+    with pytest.raises(OSError):
+        m.send_frame(rx, small)  # a closed connection

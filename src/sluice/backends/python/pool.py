@@ -52,6 +52,8 @@ from .messages import (
     WorkerSetup,
     decode,
     encode,
+    recv_frame,
+    send_frame,
 )
 from .shm import unlink_prefix
 from .worker import worker_main
@@ -65,7 +67,7 @@ _CTX = mp.get_context("spawn")
 def _post(child: _Child, msg: Any) -> bool:
     """``msg`` down ``child``'s pipe; False if the pipe is gone (the worker died)."""
     try:
-        child.tx.send_bytes(encode(msg))
+        send_frame(child.tx, encode(msg))
     except OSError:
         return False
     return True
@@ -212,7 +214,7 @@ class WorkerClient:
         fut = loop.create_future()
         self._pending[msg.id] = fut
         try:
-            child.tx.send_bytes(encode(msg))
+            send_frame(child.tx, encode(msg))
         except OSError:
             pass  # the worker died; the exit handler fails ``fut`` with the reason
         try:
@@ -389,7 +391,7 @@ class WorkerClient:
 
     def _on_readable(self, child: _Child) -> None:
         try:
-            data = child.conn.recv_bytes()
+            data = recv_frame(child.conn)
         except (EOFError, OSError):
             self._on_exit(child)
             return

@@ -43,6 +43,8 @@ from .messages import (
     Respond,
     decode,
     encode,
+    recv_frame,
+    send_frame,
 )
 
 __all__ = ["Channel", "Runtime", "ResponseIterator", "KSERVE_BY_CODE"]
@@ -92,7 +94,7 @@ class Channel:
     def send(self, msg: Any) -> None:
         data = encode(msg)
         with self._tx_lock:
-            self._tx.send_bytes(data)
+            send_frame(self._tx, data)
 
     def next_command(self) -> Message:
         """The next message for the main loop (Execute, Stop). EOFError: the server is gone."""
@@ -133,7 +135,7 @@ class Channel:
             closed = False
             try:
                 while self._readable.poll(0):
-                    got.append(decode(self._rx.recv_bytes()))
+                    got.append(decode(recv_frame(self._rx)))
             except (EOFError, OSError):
                 closed = True
             self._deliver(got, closed)
@@ -158,7 +160,7 @@ class Channel:
                     continue
             try:
                 try:
-                    got = [decode(self._rx.recv_bytes())]
+                    got = [decode(recv_frame(self._rx))]
                     closed = False
                 except (EOFError, OSError):
                     got, closed = [], True
