@@ -26,7 +26,6 @@ so only what a request does is compared, never time.
 from __future__ import annotations
 
 import argparse
-import http.client
 import shutil
 import subprocess
 import sys
@@ -37,11 +36,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from c1_layers import BOOT, MODEL, READY  # noqa: E402
-from http_layer_cost import binary_infer_request  # noqa: E402
+from c1_layers import BOOT, MODEL, caller  # noqa: E402
 from servers import Server, start_sluice  # noqa: E402
 from vs_triton import SERVER_ENV, write_repo  # noqa: E402
 
@@ -79,38 +76,6 @@ def start(tree: Path, kind: str, repo: Path, out: Path, worker: bool) -> Server:
     )
 
 
-def caller(srv: Server, protocol: str, call: str) -> Callable[[], None]:
-    """One request to ``srv``: the infer of ``MODEL``, or the server's readiness."""
-    if protocol == "http":
-        body, headers = binary_infer_request()
-        method, path = ("POST", f"/v2/models/{MODEL}/infer") if call == "infer" else ("GET", READY)
-        conn = http.client.HTTPConnection("127.0.0.1", srv.http, timeout=120)
-
-        def once() -> None:
-            conn.request(method, path, body if call == "infer" else None, headers)
-            r = conn.getresponse()
-            r.read()
-            if r.status != 200:
-                raise RuntimeError(f"{path} answered {r.status}")
-
-        return once
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc}")
-    zero = np.zeros((1, 4), np.float32)
-    inputs = [grpcclient.InferInput(name, [1, 4], "FP32") for name in ("INPUT0", "INPUT1")]
-    for i in inputs:
-        i.set_data_from_numpy(zero)
-
-    def grpc_once() -> None:
-        if call == "infer":
-            client.infer(MODEL, inputs, client_timeout=120)
-        elif not client.is_server_ready():
-            raise RuntimeError("server not ready")
-
-    return grpc_once
-
-
 def instructions(srv: Server, pid: int, out: Path, once: Callable[[], None], n: int) -> float:
     """Instructions of process ``pid`` per call of ``once``, over ``n`` calls after ``WARM``."""
     for _ in range(WARM):
@@ -143,7 +108,11 @@ def count(tree: Path, layer: str, protocol: str, n: int, worker: bool, root: Pat
         if worker:  # the model's worker: the newest process under the server
             kids = psutil.Process(pid).children(recursive=True)
             pid = max(kids, key=lambda p: p.create_time()).pid
-        return instructions(srv, pid, out, caller(srv, protocol, call), n)
+        once, close = caller(srv, protocol, call)
+        try:
+            return instructions(srv, pid, out, once, n)
+        finally:
+            close()
     finally:
         srv.stop()
 

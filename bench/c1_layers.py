@@ -97,28 +97,24 @@ def server_cpu(srv: Server, once: Callable[[], None], n: int) -> float:
     return (sum(proc.cpu_times()[:2]) - cpu0) / n * 1e6
 
 
-def http_cpu(srv: Server, call: str, n: int) -> float:
-    """``server_cpu`` over one keep-alive HTTP connection: ``call`` "infer" (perf_analyzer's
-    binary request) or "ready" (``GET /v2/health/ready``)."""
-    body, headers = binary_infer_request()
-    method, path = ("POST", f"/v2/models/{MODEL}/infer") if call == "infer" else ("GET", READY)
+def caller(srv: Server, protocol: str, call: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """One request to ``srv`` over ``protocol`` ("http": a keep-alive ``http.client``
+    connection; "grpc": one tritonclient channel), ``call`` "infer" (perf_analyzer's add_sub
+    request) or "ready" (the server's readiness), and how to close that connection."""
+    if protocol == "http":
+        body, headers = binary_infer_request()
+        infer = call == "infer"
+        method, path = ("POST", f"/v2/models/{MODEL}/infer") if infer else ("GET", READY)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.http, timeout=120)
 
-    def once() -> None:
-        conn.request(method, path, body if call == "infer" else None, headers)
-        r = conn.getresponse()
-        r.read()
-        if r.status != 200:
-            raise RuntimeError(f"{path} answered {r.status}")
+        def once() -> None:
+            conn.request(method, path, body if infer else None, headers)
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{path} answered {r.status}")
 
-    conn = http.client.HTTPConnection("127.0.0.1", srv.http, timeout=30)
-    try:
-        return server_cpu(srv, once, n)
-    finally:
-        conn.close()
-
-
-def grpc_cpu(srv: Server, call: str, n: int) -> float:
-    """``server_cpu`` over one tritonclient gRPC channel: ``infer`` or ``is_server_ready``."""
+        return once, conn.close
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc}")
@@ -127,16 +123,22 @@ def grpc_cpu(srv: Server, call: str, n: int) -> float:
     for i in inputs:
         i.set_data_from_numpy(zero)
 
-    def once() -> None:
+    def grpc_once() -> None:
         if call == "infer":
-            client.infer(MODEL, inputs)
+            client.infer(MODEL, inputs, client_timeout=120)
         elif not client.is_server_ready():
             raise RuntimeError("server not ready")
 
+    return grpc_once, client.close
+
+
+def protocol_cpu(srv: Server, protocol: str, call: str, n: int) -> float:
+    """``server_cpu`` of ``call`` over one connection of ``protocol`` (``caller``)."""
+    once, close = caller(srv, protocol, call)
     try:
         return server_cpu(srv, once, n)
     finally:
-        client.close()
+        close()
 
 
 def main() -> int:
@@ -146,7 +148,6 @@ def main() -> int:
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     args = p.parse_args()
     grpc = args.protocol == "grpc"
-    measure = grpc_cpu if grpc else http_cpu
     rows = ["whole", "backend-cached", "service-cached", "ready"] + ([] if grpc else ["floor"])
     got: dict[str, list[float]] = {k: [] for k in rows}
     with tempfile.TemporaryDirectory(prefix="sluice-c1-layers-") as tmp:
@@ -173,7 +174,7 @@ def main() -> int:
             for r in range(args.rounds):
                 order = plan[r % len(plan) :] + plan[: r % len(plan)]
                 for name, srv, call in order:
-                    got[name].append(measure(srv, call, args.requests))
+                    got[name].append(protocol_cpu(srv, args.protocol, call, args.requests))
                 print(
                     f"round {r + 1}: "
                     + ", ".join(f"{k} {got[k][-1]:.0f}" for k in rows)

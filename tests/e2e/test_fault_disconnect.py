@@ -82,35 +82,22 @@ def gates(module_repo: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(module_server: Any, module_repo: Path, gates: Path) -> Iterator[Any]:
-    zoo.write_model(
-        module_repo,
-        MODEL,
-        f"""
-        name: "{MODEL}"
-        backend: "python"
-        max_batch_size: 4
-        input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
-        dynamic_batching {{ }}
-        parameters {{ key: "dir" value: {{ string_value: "{gates}" }} }}
-        """,
-        GATED_PY,
-    )
-    zoo.write_model(
-        module_repo,
-        ALONE,
-        f"""
-        name: "{ALONE}"
-        backend: "python"
-        max_batch_size: 4
-        input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
-        parameters {{ key: "dir" value: {{ string_value: "{gates}" }} }}
-        """,
-        GATED_PY,
-    )
+    for name, batching in ((MODEL, "dynamic_batching { }"), (ALONE, "")):
+        zoo.write_model(
+            module_repo,
+            name,
+            f"""
+            name: "{name}"
+            backend: "python"
+            max_batch_size: 4
+            input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+            output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+            instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+            {batching}
+            parameters {{ key: "dir" value: {{ string_value: "{gates}" }} }}
+            """,
+            GATED_PY,
+        )
     srv = module_server(
         module_repo,
         "--model-control-mode=explicit",

@@ -299,11 +299,11 @@ class Scheduler:
         start = time.monotonic_ns()
         try:
             result = await inst.execute([request])
-            answer = self._only(result, batch_size)
+            answer = self._counted(result, 1, batch_size)[0]
         except Abandoned as gone:  # the caller left; the model ran it to its end
             result = gone.result
             with contextlib.suppress(ServerError):
-                self._only(result, batch_size)
+                self._counted(result, 1, batch_size)
             raise asyncio.CancelledError from None
         except asyncio.CancelledError:  # the caller left before anything was handed over
             cancelled = True
@@ -311,8 +311,7 @@ class Scheduler:
         except ServerError as exc:
             answer = exc
         except Exception as exc:  # a backend bug: fail this request only
-            log.exception("model '%s' version %s: execute failed", self.model, self.version)
-            answer = Internal(f"model '{self.model}' failed to execute: {exc}")
+            answer = self._backend_bug(exc)
         finally:
             stats.pending -= 1
             self._free(inst)
@@ -329,21 +328,28 @@ class Scheduler:
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    def _only(self, result: ExecuteResult, batch_size: int) -> Any:
-        """The one answer of a batch of one; its execution counted when the model ran it."""
-        if len(result.results) != 1:
+    def _counted(self, result: ExecuteResult, n: int, items: int) -> list[Any]:
+        """The answers of a batch of ``n`` requests (``items`` in all), its execution
+        counted when the model ran it (not: its clients left before the worker started it)."""
+        results = result.results
+        if len(results) != n:
             raise Internal(
-                f"model '{self.model}' returned {len(result.results)} responses for 1 request"
+                f"model '{self.model}' returned {len(results)} responses for {n} requests"
             )
         if result.executed:
             self.stats.record_execution(
-                batch_size,
-                1,
+                items,
+                n,
                 result.compute_input_ns,
                 result.compute_infer_ns,
                 result.compute_output_ns,
             )
-        return result.results[0]
+        return results  # type: ignore[return-value]  # a list, always
+
+    def _backend_bug(self, exc: Exception) -> Internal:
+        """The answer for a batch whose execute raised something other than a ServerError."""
+        log.exception("model '%s' version %s: execute failed", self.model, self.version)
+        return Internal(f"model '{self.model}' failed to execute: {exc}")
 
     def _withdraw_if_cancelled(self, fut: asyncio.Future[InferResponse]) -> None:
         """A cancelled request (its client went away, its deadline passed) leaves its queue
@@ -561,25 +567,11 @@ class Scheduler:
         result: ExecuteResult | None = None
         try:
             result = await inst.execute([job.request for job in jobs])
-            results = result.results  # type: ignore[assignment]  # a list, always
-            if len(results) != len(jobs):
-                raise Internal(
-                    f"model '{self.model}' returned {len(results)} responses for "
-                    f"{len(jobs)} requests"
-                )
-            if result.executed:  # (not: its clients left before the worker started it)
-                stats.record_execution(
-                    sum(j.batch_size for j in jobs),
-                    len(jobs),
-                    result.compute_input_ns,
-                    result.compute_infer_ns,
-                    result.compute_output_ns,
-                )
+            results = self._counted(result, len(jobs), sum(j.batch_size for j in jobs))
         except ServerError as exc:
             results = [exc] * len(jobs)
         except Exception as exc:  # a backend bug: fail this batch only
-            log.exception("model '%s' version %s: execute failed", self.model, self.version)
-            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(jobs)
+            results = [self._backend_bug(exc)] * len(jobs)
         finally:
             self._free(inst)
             self._running -= 1

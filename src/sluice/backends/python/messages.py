@@ -6,7 +6,8 @@ Rules of this file:
   sets each field through ``object.__setattr__``, a Python-level call per field); every
   message that expects an answer carries an ``id`` and its answer carries the same ``id``
   (start-up uses id 0).
-- On the pipe a message travels as a plain tuple ``(tag, field, ...)`` pickled with protocol 5:
+- On the pipe a message travels as a plain tuple ``(tag, field, ...)`` pickled with protocol 5
+  (the two of every request as below):
   pickling a tuple of str/int costs ~1.5 us each way, a dataclass ~15 us (measured), and this
   is the per-request hot path. ``encode``/``decode`` are the only (de)serialisers.
 - Tensor bytes never travel here: a ``TensorRef`` names a region of a shared-memory arena.
@@ -368,7 +369,7 @@ def _rest(data: bytes) -> Any:
 
 
 def encode(msg: Message) -> bytes:
-    """A message as bytes for ``Connection.send_bytes``."""
+    """A message as the bytes of one frame (``send_frame``)."""
     if type(msg) is Execute:  # the hot path first, without the generic field walk
         return _EXECUTE_HEAD.pack(b"E", msg.id) + _rest_bytes(
             (msg.arena, msg.requests, msg.lane, msg.behind)

@@ -109,7 +109,7 @@ class Channel:
         return self._wait(lambda: checks.popleft() if checks else None)  # type: ignore[no-any-return]
 
     def expect(self, call_id: int) -> None:
-        with self._cond:
+        with self._lock:
             self._replies[call_id] = deque()
 
     def reply(self, call_id: int) -> Any:
@@ -118,7 +118,7 @@ class Channel:
         box = self._replies[call_id]
         reply = self._wait(lambda: box.popleft() if box else None)
         if getattr(reply, "final", True):  # metric and model-control replies are single
-            with self._cond:
+            with self._lock:
                 self._replies.pop(call_id, None)
         return reply
 
