@@ -17,9 +17,10 @@ from sluice.scheduling.scheduler import Scheduler
 from .fakes import KEY, FakeInstance, answers, config, request, run, until
 
 FULL = "max_batch_size: 1 dynamic_batching { default_queue_policy { max_queue_size: 1 } }"
+# no queue timeout but a request's own ("timeout" parameter): the request that holds the
+# instance can never expire in the queue however late its dispatch runs on a loaded machine
 TIMED = (
-    "max_batch_size: 1 dynamic_batching { default_queue_policy { "
-    "default_timeout_microseconds: 1000 } }"
+    "max_batch_size: 1 dynamic_batching { default_queue_policy { allow_timeout_override: true } }"
 )
 
 
@@ -70,7 +71,7 @@ def test_an_expired_queue_wait_is_refused_the_same_way(honest: bool) -> None:
         try:
             running = sched.submit(request("o", 0), 1, KEY)
             await until(lambda: inst.waiting == 1, "the first request executes")
-            late = sched.submit(request("late", 1), 1, KEY)
+            late = sched.submit(request("late", 1), 1, KEY, timeout_us=1000)
             (err,) = await answers(late, errors=True)
             assert isinstance(err, Overloaded)
             assert err.status is (Status.RESOURCE_EXHAUSTED if honest else Status.UNAVAILABLE)

@@ -79,9 +79,10 @@ class ExecuteResult:
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
     rescheduled: bool = False  # some slot of results is RESCHEDULED
-    # how long the batch waited inside the instance before it started (handed to a python
-    # worker busy with the batch ahead of it): queue time, as if it had waited in the queue
-    waited_ns: int = 0
+    # when the batch started (monotonic ns) where it waited inside the instance first (handed
+    # to a python worker busy with the batch ahead of it): queue time until then, as if it
+    # had waited in the queue; 0: it started when ``execute`` was called
+    started_ns: int = 0
     # False: the model never ran it (every request's client left while it waited behind
     # another batch): no execution, no queue time to record
     executed: bool = True

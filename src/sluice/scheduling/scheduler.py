@@ -576,9 +576,9 @@ class Scheduler:
             self._free(inst)
             self._running -= 1
         # queue time runs until the batch started: a batch handed to a busy python worker
-        # waited behind the one ahead of it (``waited_ns``) as it would have in the queue
-        if result is not None and result.waited_ns:
-            start += result.waited_ns
+        # waited behind the one ahead of it (``started_ns``) as it would have in the queue
+        if result is not None and result.started_ns > start:
+            start = result.started_ns
         if result is None or result.executed:
             for job in jobs:
                 stats.record_queue(start - job.enqueue_ns)

@@ -470,7 +470,7 @@ class PythonInstance:
             )
         t1 = clock()
         try:
-            exec_id, reply, waited = await self._send(
+            exec_id, reply, started = await self._send(
                 requests, Execute(0, inputs.name, tuple(wire), lane)
             )
         except CallAbandoned as gone:  # its caller left; the worker ran it to its end
@@ -479,10 +479,10 @@ class PythonInstance:
             raise Abandoned(self._result(requests, gone.reply, lane, t1 - t0, 0)) from None
         if self._decoupled:  # responses come through _on_message; execute() has returned
             return self._decoupled_result(exec_id, requests, reply, t1 - t0)
-        return self._result(requests, reply, lane, t1 - t0, waited)
+        return self._result(requests, reply, lane, t1 - t0, started)
 
     def _result(
-        self, requests: list[InferRequest], reply: Any, lane: int, prep_ns: int, waited: int
+        self, requests: list[InferRequest], reply: Any, lane: int, prep_ns: int, started: int
     ) -> ExecuteResult:
         """The batch's result from the worker's reply: its outputs copied out of the arena."""
         clock = time.perf_counter_ns
@@ -525,19 +525,20 @@ class PythonInstance:
             compute_infer_ns=reply.compute_infer_ns,
             compute_output_ns=reply.compute_output_ns + (t3 - t2),
             rescheduled=rescheduled,
-            waited_ns=waited,
+            started_ns=started,
         )
 
     async def _send(self, requests: list[InferRequest], msg: Execute) -> tuple[int, Any, int]:
-        """Send ``msg`` (under a fresh id) and wait for the worker's answer: (id, reply, how
-        long the batch waited before the worker started it). Sent while another batch is in
+        """Send ``msg`` (under a fresh id) and wait for the worker's answer: (id, reply, when
+        the worker started it where it waited behind another batch or was sent again, else
+        0; monotonic ns). Sent while another batch is in
         flight, it waits behind it, and its timeout counts from that batch's end; if that
         batch's worker dies first, this one never started, and it is sent again to the
         replacement."""
         worker = self.worker
         loop = asyncio.get_running_loop()
         clock = time.monotonic_ns
-        first_sent = clock()
+        first = True
         while True:
             exec_id = worker.next_id()
             ahead, done = self._tail, loop.create_future()
@@ -558,10 +559,9 @@ class PythonInstance:
                     after=ahead,
                 )
                 answered = True
-                started = sent
                 if ahead is not None:  # answered: the batch ahead has ended (one at a time)
-                    started = max(sent, (await asyncio.shield(ahead))[1])
-                return exec_id, reply, started - first_sent
+                    return exec_id, reply, max(sent, (await asyncio.shield(ahead))[1])
+                return exec_id, reply, 0 if first else sent
             except ServerError:
                 if self._decoupled:
                     self._close_streams(exec_id, len(requests))
@@ -580,6 +580,7 @@ class PythonInstance:
                 if ahead is not None and not self._decoupled:
                     for r in requests:
                         r.on_cancel = None
+            first = False
 
     # ---- decoupled responses and BLS calls from the worker ----------------------------
     def _open_streams(self, exec_id: int, requests: list[InferRequest]) -> None:
