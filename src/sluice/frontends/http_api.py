@@ -58,6 +58,7 @@ from .http_limits import (
     DEFAULT_MAX_INPUT_SIZE,
     DISCONNECTED,
     ON_DISCONNECT,
+    TASK,
     BodyTooLarge,
     limit_body,
 )
@@ -102,7 +103,7 @@ async def _unless_gone(scope: Scope, answer: Awaitable[_T]) -> _T:
     """``answer`` awaited, unless the client closes its connection first: then the wait is
     cancelled (a queued request leaves its queue, a stream's model sees ``is_cancelled()``)
     and _Disconnected raised. The protocol reports the loss (``http_limits``)."""
-    task = asyncio.current_task()
+    task = scope.get(TASK) or asyncio.current_task()
     assert task is not None
     scope[ON_DISCONNECT] = task.cancel
     try:

@@ -13,7 +13,8 @@ Rules of this file:
   ever counted (the bound is then the limit plus one read, at most 256 KiB).
 - A connection lost before its answer is told to the request it carries: the connection
   sets ``scope[DISCONNECTED]`` and calls ``scope[ON_DISCONNECT]`` (where the application put
-  one: it cancels the wait for the answer, so a queued request leaves its queue).
+  one: it cancels the wait for the answer, so a queued request leaves its queue). The task
+  that serves the request is ``scope[TASK]`` (``asyncio.current_task()`` asks the pid).
 
 Usage::
 
@@ -33,10 +34,12 @@ __all__ = [
     "limit_body",
     "DISCONNECTED",
     "ON_DISCONNECT",
+    "TASK",
 ]
 
 DISCONNECTED = "sluice.disconnected"  # scope key: True once the client went away unanswered
 ON_DISCONNECT = "sluice.on_disconnect"  # scope key: called (no arguments) when it does
+TASK = "sluice.task"  # scope key: the task that serves the request (asyncio.current_task())
 
 DEFAULT_MAX_INPUT_SIZE = 64 << 20
 DEFAULT_MAX_HEADER_SIZE = 64 << 10

@@ -297,6 +297,7 @@ class PythonInstance:
         # the execution sent last that has not ended (its result: whether the worker answered
         # it, and when it ended): the next one waits behind it
         self._tail: asyncio.Future[tuple[bool, int]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that serves it
         self.worker.on_message = self._on_message
         self.worker.on_failure = self._on_failure
         self._calls = BlsCalls(self, spec.serving)
@@ -536,11 +537,13 @@ class PythonInstance:
         batch's worker dies first, this one never started, and it is sent again to the
         replacement."""
         worker = self.worker
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # (asked once: asyncio's own asks the pid each time)
+            loop = self._loop = asyncio.get_running_loop()
         clock = time.monotonic_ns
         first = True
         while True:
-            exec_id = worker.next_id()
+            exec_id = msg.id = worker.next_id()
             ahead, done = self._tail, loop.create_future()
             self._tail = done
             self._running[exec_id] = requests
@@ -553,11 +556,8 @@ class PythonInstance:
             sent = clock()
             answered = False
             try:
-                reply = await worker.call(
-                    Execute(exec_id, msg.arena, msg.requests, msg.lane, int(ahead is not None)),
-                    self._execute_timeout,
-                    after=ahead,
-                )
+                msg.behind = int(ahead is not None)
+                reply = await worker.call(msg, self._execute_timeout, after=ahead)
                 answered = True
                 if ahead is not None:  # answered: the batch ahead has ended (one at a time)
                     return exec_id, reply, max(sent, (await asyncio.shield(ahead))[1])
