@@ -56,6 +56,7 @@ __all__ = [
 ALIGN = 64
 _MIN_SIZE = 1 << 20
 _STEP = 1 << 16
+_SMALL_COPY = 4096  # up to this, a tensor is copied in through tobytes()
 
 
 def unlink_prefix(prefix: str) -> None:
@@ -159,6 +160,41 @@ class ArenaWriter:
 
     def write(self, tensors: Sequence[tuple[str, np.ndarray, str]]) -> tuple[TensorRef, ...]:
         """Lay out ``(name, array, datatype)`` tensors; grow first when they do not fit."""
+        # One pass for the common case (no BYTES, the arena big enough); else the general
+        # one, which rewrites everything (what this pass wrote is then overwritten).
+        buf = self._buf
+        size = self.size if buf is not None else -1
+        refs: list[TensorRef] = []
+        offset = 0
+        for name, array, datatype in tensors:
+            if datatype == "BYTES":
+                return self._write_all(tensors)
+            nbytes = array.nbytes
+            end = offset + nbytes
+            if end > size:
+                return self._write_all(tensors)
+            if nbytes <= _SMALL_COPY:
+                # ~2.4k instructions less than a memoryview cast, whatever its layout
+                buf[offset:end] = array.tobytes()  # type: ignore[index]
+            else:
+                self._copy_in(array, offset, nbytes)
+            refs.append((name, datatype, array.shape, offset, nbytes))
+            offset = (end + ALIGN - 1) & ~(ALIGN - 1)
+        return tuple(refs)
+
+    def _copy_in(self, array: np.ndarray, offset: int, nbytes: int) -> None:
+        buf = self._buf
+        assert buf is not None
+        if array.flags.c_contiguous:
+            # a plain memcpy; ~3x cheaper than building an ndarray over the arena
+            buf[offset : offset + nbytes] = memoryview(array).cast("B")  # type: ignore[arg-type]
+        else:
+            dst = np.ndarray(array.shape, array.dtype, buffer=buf, offset=offset)
+            np.copyto(dst, array, casting="no")
+
+    def _write_all(
+        self, tensors: Sequence[tuple[str, np.ndarray, str]]
+    ) -> tuple[TensorRef, ...]:
         spans: list[tuple[int, int, bytes | None]] = []
         offset = 0
         for _, array, datatype in tensors:
@@ -179,12 +215,7 @@ class ArenaWriter:
             if blob is not None:
                 buf[off : off + nbytes] = blob
             elif nbytes:
-                if array.flags.c_contiguous:
-                    # a plain memcpy; ~3x cheaper than building an ndarray over the arena
-                    buf[off : off + nbytes] = memoryview(array).cast("B")  # type: ignore[arg-type]
-                else:
-                    dst = np.ndarray(array.shape, array.dtype, buffer=buf, offset=off)
-                    np.copyto(dst, array, casting="no")
+                self._copy_in(array, off, nbytes)
             refs.append((name, datatype, array.shape, off, nbytes))
         return tuple(refs)
 
