@@ -348,3 +348,39 @@ def test_client_side_helpers_round_trip() -> None:
         back = hc.decode_infer_response(out, int(hl2) if hl2 else None)
         np.testing.assert_array_equal(back.outputs["A"], inputs["A"])
         np.testing.assert_array_equal(back.outputs["S"], inputs["S"])
+
+
+@pytest.mark.parametrize("rid", ["", "req-\u00e9\"1"])
+def test_a_repeated_binary_response_has_the_same_bytes_as_a_fresh_one(
+    rid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept header parts of an all-binary response give the general encoder's exact
+    bytes (first and repeated encoding, ids and names escaped, outputs in the order asked),
+    and tritonclient parses them back to the same arrays."""
+    outs = {
+        "OUT_B": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "OUT_A": np.array([[1, -2]], dtype=np.int64),
+    }
+
+    def both() -> tuple[tuple[bytes, Any], tuple[bytes, Any]]:
+        resp = InferResponse("m\u00f6", "3", rid, dict(outs), {"OUT_B": "FP32", "OUT_A": "INT64"})
+        req = InferRequest(
+            "m\u00f6",
+            outputs=[OutputSpec("OUT_A", {"binary_data": True}), OutputSpec("OUT_B", {})],
+            parameters={"binary_data_output": True},
+        )
+        return hc.encode_infer_response(resp, req), hc.encode_infer_response(resp, req)
+
+    monkeypatch.setattr(hc, "_OUTPUTS", {})
+    kept_first, kept_again = both()
+    assert len(hc._OUTPUTS) == 1  # the kept path answered (once made, then found)
+    monkeypatch.setattr(hc, "_binary_response", lambda *args: None)
+    general, _ = both()
+    assert kept_first == kept_again == general
+    body, headers = general
+    length = int(dict(headers)[b"inference-header-content-length"])
+    parsed = parse_body(body, header_length=length)
+    assert parsed.get_response()["id" if rid else "model_name"] == (rid or "m\u00f6")
+    assert [o["name"] for o in parsed.get_response()["outputs"]] == ["OUT_A", "OUT_B"]
+    np.testing.assert_array_equal(parsed.as_numpy("OUT_A"), outs["OUT_A"])
+    np.testing.assert_array_equal(parsed.as_numpy("OUT_B"), outs["OUT_B"])
