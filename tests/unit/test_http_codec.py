@@ -350,7 +350,7 @@ def test_client_side_helpers_round_trip() -> None:
         np.testing.assert_array_equal(back.outputs["S"], inputs["S"])
 
 
-@pytest.mark.parametrize("rid", ["", "req-\u00e9\"1"])
+@pytest.mark.parametrize("rid", ["", 'req-\u00e9"1'])
 def test_a_repeated_binary_response_has_the_same_bytes_as_a_fresh_one(
     rid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

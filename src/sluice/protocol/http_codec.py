@@ -543,7 +543,9 @@ def encode_infer_response(
 # A response whose every output is binary (and not BYTES) has a JSON header that depends only
 # on the model, version, id and each output's name, datatype and shape: its two parts are
 # kept, so a repeat is a lookup (the general encoder costs ~25k instructions a response).
-_HEADS: dict[tuple[str, str], bytes] = {}  # (model, version) -> '{"model_name":..,"model_version":..'
+_HEADS: dict[
+    tuple[str, str], bytes
+] = {}  # (model, version) -> '{"model_name":..,"model_version":..'
 _OUTPUTS: dict[tuple[Any, ...], bytes] = {}  # (name, datatype, shape, ...) -> ',"outputs":[..]}'
 _MAX_KEPT = 1024  # entries of each; past it, it starts over
 

@@ -192,9 +192,7 @@ class ArenaWriter:
             dst = np.ndarray(array.shape, array.dtype, buffer=buf, offset=offset)
             np.copyto(dst, array, casting="no")
 
-    def _write_all(
-        self, tensors: Sequence[tuple[str, np.ndarray, str]]
-    ) -> tuple[TensorRef, ...]:
+    def _write_all(self, tensors: Sequence[tuple[str, np.ndarray, str]]) -> tuple[TensorRef, ...]:
         spans: list[tuple[int, int, bytes | None]] = []
         offset = 0
         for _, array, datatype in tensors:
