@@ -582,9 +582,10 @@ def _binary_response(
         parts = []
         for (name, _), raw in zip(selected, tail):  # noqa: B905 - one raw per output
             arr = outs[name]
+            shape = ",".join(map(str, arr.shape))
             parts.append(
-                '{"name":%s,"datatype":%s,"shape":[%s],"parameters":{"binary_data_size":%d}}'
-                % (_enc(name), _enc(dtypes[name]), ",".join(map(str, arr.shape)), len(raw))
+                f'{{"name":{_enc(name)},"datatype":{_enc(dtypes[name])},"shape":[{shape}],'
+                f'"parameters":{{"binary_data_size":{len(raw)}}}}}'
             )
         outputs = _OUTPUTS[k] = (',"outputs":[' + ",".join(parts) + "]}").encode()
     hk = (response.model_name, response.model_version)
@@ -593,10 +594,10 @@ def _binary_response(
         if len(_HEADS) >= _MAX_KEPT:
             _HEADS.clear()
         head = _HEADS[hk] = (
-            '{"model_name":%s,"model_version":%s' % (_enc(hk[0]), _enc(hk[1]))
+            f'{{"model_name":{_enc(hk[0])},"model_version":{_enc(hk[1])}'
         ).encode()
     rid = response.id
-    header = head + (',"id":%s' % _enc(rid)).encode() + outputs if rid else head + outputs
+    header = head + f',"id":{_enc(rid)}'.encode() + outputs if rid else head + outputs
     return b"".join([header, *tail]), [
         _CT_OCTET,
         (_HEADER_LENGTH_B, str(len(header)).encode()),
