@@ -593,9 +593,7 @@ def _binary_response(
     if head is None:
         if len(_HEADS) >= _MAX_KEPT:
             _HEADS.clear()
-        head = _HEADS[hk] = (
-            f'{{"model_name":{_enc(hk[0])},"model_version":{_enc(hk[1])}'
-        ).encode()
+        head = _HEADS[hk] = (f'{{"model_name":{_enc(hk[0])},"model_version":{_enc(hk[1])}').encode()
     rid = response.id
     header = head + f',"id":{_enc(rid)}'.encode() + outputs if rid else head + outputs
     return b"".join([header, *tail]), [
