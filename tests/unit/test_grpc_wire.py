@@ -8,7 +8,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from sluice.protocol import grpc_codec as codec
-from sluice.types import InferResponse, OutputSpec
+from sluice.types import InferRequest, InferResponse, OutputSpec
 
 
 def _big_request() -> tuple[pb.ModelInferRequest, dict[str, np.ndarray]]:
@@ -125,3 +125,30 @@ def test_stream_response_parts() -> None:
     got = pb.ModelStreamInferResponse.FromString(b"".join(codec.stream_response_parts(parts)))
     assert got.error_message == ""
     assert got.infer_response == codec.encode_infer_response(_response())
+
+
+@pytest.mark.parametrize("rid", ["", "r-\u00e9"])
+def test_repeated_response_parts_from_kept_fields_are_the_same_bytes(
+    rid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A response without parameters is serialized from its kept fields (model and version;
+    output descriptions) to the general encoder's exact bytes, the first time and again."""
+    outs = {
+        "BIG": np.arange(100_000, dtype=np.float32).reshape(10, 10_000),
+        "SMALL": np.array([1, 2, 3], dtype=np.int32),
+        "STR": np.array([b"ab", b"c"], dtype=np.object_),
+    }
+    dtypes = {"BIG": "FP32", "SMALL": "INT32", "STR": "BYTES"}
+    req = InferRequest("m", outputs=[OutputSpec(n, {}) for n in ("STR", "SMALL", "BIG")])
+
+    def encoded() -> bytes:
+        resp = InferResponse("m", "2", rid, dict(outs), dict(dtypes))
+        return b"".join(bytes(p) for p in codec.encode_infer_response_parts(resp, req))
+
+    monkeypatch.setattr(codec, "_OUTPUTS", {})
+    first, again = encoded(), encoded()
+    assert len(codec._OUTPUTS) == 1  # the kept path answered
+    monkeypatch.setattr(codec, "_kept_response_parts", lambda *args: None)
+    assert first == again == encoded()
+    got = pb.ModelInferResponse.FromString(first)
+    assert (got.id, [o.name for o in got.outputs]) == (rid, ["STR", "SMALL", "BIG"])

@@ -520,6 +520,11 @@ def encode_infer_response_parts(
     dtypes = response.output_datatypes
     wanted = request.outputs if request is not None else None
     names: Iterable[str] = outs if wanted is None else [s.name for s in wanted if s.name in outs]
+    shm = _in_shm(request)
+    if not shm and not response.parameters:
+        kept = _kept_response_parts(response, names)
+        if kept is not None:
+            return kept
     head = [_string_field(b"\x0a", response.model_name)] if response.model_name else []
     if response.model_version:
         head.append(_string_field(b"\x12", response.model_version))
@@ -530,13 +535,16 @@ def encode_infer_response_parts(
         dict_to_params(response.parameters, params.parameters)
         head.append(params.SerializeToString())
     raws = []
-    shm = _in_shm(request)
     for name in names:
         arr = outs[name]
         datatype = tensor_datatype("output", name, arr, dtypes.get(name))
         head.append(_output_field(name, datatype, arr.shape))
         raws.append(b"" if name in shm else _raw_view(datatype, arr))
-    parts: list[bytes | memoryview] = [b"".join(head)]
+    return [b"".join(head), *_raw_parts(raws)]
+
+
+def _raw_parts(raws: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    parts: list[bytes | memoryview] = []
     for raw in raws:
         if isinstance(raw, bytes):  # small, or already copied: one part
             parts.append(_raw_output_header(len(raw)) + raw)
@@ -544,6 +552,49 @@ def encode_infer_response_parts(
             parts.append(_raw_output_header(len(raw)))
             parts.append(raw)
     return parts
+
+
+# A response without parameters or outputs in shared memory: its fields but the id and the
+# raw contents depend only on the model, version and each output's name, datatype and shape,
+# kept serialized in two parts, so a repeat is a lookup
+_HEADS: dict[tuple[str, str], bytes] = {}  # (model, version) -> fields 1 and 2
+_OUTPUTS: dict[tuple[Any, ...], bytes] = {}  # (name, datatype, shape, ...) -> the outputs fields
+
+
+def _kept_response_parts(
+    response: InferResponse, names: Iterable[str]
+) -> list[bytes | memoryview] | None:
+    """``encode_infer_response_parts`` from the kept parts; None where an output has no
+    datatype yet (the general encoder then)."""
+    outs, dtypes = response.outputs, response.output_datatypes
+    key: list[Any] = []
+    raws: list[bytes | memoryview] = []
+    for name in names:
+        datatype = dtypes.get(name)
+        if datatype is None:
+            return None
+        arr = outs[name]
+        key += (name, datatype, arr.shape)
+        raws.append(_raw_view(datatype, arr))
+    k = tuple(key)
+    fields = _OUTPUTS.get(k)
+    if fields is None:
+        fields = b"".join(_output_field(*k[i : i + 3]) for i in range(0, len(k), 3))
+        if len(_OUTPUTS) >= _CACHE_MAX:
+            _OUTPUTS.clear()
+        _OUTPUTS[k] = fields
+    hk = (response.model_name, response.model_version)
+    head = _HEADS.get(hk)
+    if head is None:
+        head = (_string_field(b"\x0a", hk[0]) if hk[0] else b"") + (
+            _string_field(b"\x12", hk[1]) if hk[1] else b""
+        )
+        if len(_HEADS) >= _CACHE_MAX:
+            _HEADS.clear()
+        _HEADS[hk] = head
+    rid = response.id
+    first = head + _string_field(b"\x1a", rid) + fields if rid else head + fields
+    return [first, *_raw_parts(raws)]
 
 
 def _string_field(key: bytes, value: str) -> bytes:
