@@ -318,8 +318,10 @@ class Serving:
                 sv.stats.record_failure(time.monotonic_ns() - arrival, _reason(exc))
                 raise
         elapsed = time.monotonic_ns() - arrival
-        sv.stats.record_first_response(elapsed)
-        sv.stats.record_success(elapsed)
+        stats = sv.stats
+        if stats.first_response is not None:
+            stats.record_first_response(elapsed)
+        stats.record_success(elapsed)
         return response
 
     async def _cached(

@@ -323,7 +323,8 @@ class HttpProtocol(asyncio.Protocol):
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER:
             self._pause_reading()
-        req.wake()
+        if req.waiter is not None:
+            req.wake()
 
     def on_message_complete(self) -> None:
         req = self.parsing
@@ -331,7 +332,8 @@ class HttpProtocol(asyncio.Protocol):
         if req is None:
             return
         req.more = False
-        req.wake()
+        if req.waiter is not None:
+            req.wake()
 
     def _pause_reading(self) -> None:
         if not self.read_paused:
@@ -354,7 +356,9 @@ class HttpProtocol(asyncio.Protocol):
             runner.add_done_callback(tasks.discard)
         else:  # taken once the request before has left the application
             self.next = req
-            self._unpark()
+            parked = self.parked
+            if parked is not None and not parked.done():
+                parked.set_result(None)
         req.scope[TASK] = runner
 
     def _unpark(self) -> None:

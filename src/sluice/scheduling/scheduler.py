@@ -318,10 +318,12 @@ class Scheduler:
             self._running -= 1
             if not cancelled and (result is None or result.executed):
                 stats.record_queue(start - enqueued)
-            self._release(inst)
+            if self._limiter is not None:  # (the calls inlined where they do nothing)
+                self._release(inst)
             if self._queued or self._delayed:
                 self._dispatch()
-            self._maybe_idle()
+            if self._idle_event is not None:
+                self._maybe_idle()
         if type(answer) is Rescheduled:
             answer = self._reschedule_refused()
         if isinstance(answer, BaseException):

@@ -410,7 +410,7 @@ def send_frame(conn: Any, data: bytes) -> None:
         conn.send_bytes(data)
         return
     buf = _LENGTH.pack(n) + data
-    fd = conn.fileno()
+    fd = _fd(conn)
     sent = os.write(fd, buf)
     while sent < len(buf):  # (a pipe takes a write this small whole; for the rule's sake)
         sent += os.write(fd, buf[sent:])
@@ -418,7 +418,7 @@ def send_frame(conn: Any, data: bytes) -> None:
 
 def recv_frame(conn: Any) -> bytes:
     """The next frame from ``conn``; EOFError when the writer closed it before one began."""
-    fd = conn.fileno()
+    fd = _fd(conn)
     head = os.read(fd, 4)
     if len(head) != 4:
         if not head:
@@ -433,6 +433,14 @@ def recv_frame(conn: Any) -> bytes:
             raise OSError("got end of file during message")
         data += _read_exactly(fd, n - len(data))
     return data
+
+
+def _fd(conn: Any) -> int:
+    """``conn.fileno()`` without its two Python calls (its own ``_handle``, as it keeps it)."""
+    fd = conn._handle
+    if fd is None:
+        raise OSError("handle is closed")
+    return fd  # type: ignore[no-any-return]
 
 
 def _read_exactly(fd: int, n: int) -> bytes:

@@ -50,6 +50,7 @@ __all__ = [
     "unlink_segment",
     "unlink_prefix",
     "datatype_of",
+    "DATATYPE_BY_DTYPE",
     "ALIGN",
 ]
 
@@ -114,13 +115,13 @@ def datatype_of(array: np.ndarray) -> str:
         return "BYTES"
     if kind == "b":
         return "BOOL"
-    name = _DTYPE_NAMES.get(dt)
+    name = DATATYPE_BY_DTYPE.get(dt)
     if name is None:
         raise TypeError(f"unsupported tensor dtype {dt}")
     return name
 
 
-_DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in KSERVE_TO_NUMPY.items() if v.kind != "O"}
+DATATYPE_BY_DTYPE: dict[np.dtype, str] = {v: k for k, v in KSERVE_TO_NUMPY.items() if v.kind != "O"}
 
 
 class ArenaWriter:
