@@ -573,7 +573,10 @@ def _binary_response(
             return None
         arr = outs[name]
         key += (name, datatype, arr.shape)
-        tail.append(_binary(datatype, arr))
+        if arr.dtype is _DTYPE_OF.get(datatype) and arr.nbytes <= _SMALL:
+            tail.append(arr.tobytes())  # (_binary's common case)
+        else:
+            tail.append(_binary(datatype, arr))
     k = tuple(key)
     outputs = _OUTPUTS.get(k)
     if outputs is None:
