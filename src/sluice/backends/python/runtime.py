@@ -34,6 +34,7 @@ from .messages import (
     BlsCall,
     BlsReply,
     Cancel,
+    Execute,
     Message,
     MetricCall,
     MetricReply,
@@ -41,6 +42,7 @@ from .messages import (
     ModelControlReply,
     ReadyCheck,
     Respond,
+    Stop,
     decode,
     encode,
     recv_frame,
@@ -97,9 +99,37 @@ class Channel:
             send_frame(self._tx, data)
 
     def next_command(self) -> Message:
-        """The next message for the main loop (Execute, Stop). EOFError: the server is gone."""
+        """The next message for the main loop (Execute, Stop). EOFError: the server is gone.
+
+        Its common case, inlined: nothing filed for it, nobody reading the pipe and nobody
+        asleep on the channel: it reads the pipe itself, and a message of its own is
+        returned without being filed (only the pipe's reader files, so none can be ahead
+        of it); anything else goes through ``_wait``."""
         main = self._main
-        return self._wait(lambda: main.popleft() if main else None)
+        lock, rx_lock = self._lock, self._rx_lock
+        with lock:
+            mine = not (main or self._closed or self._sleepers) and rx_lock.acquire(False)
+        if not mine:
+            return self._wait_main(main)
+        try:
+            try:
+                msg = decode(recv_frame(self._rx))
+            except (EOFError, OSError):
+                self._deliver([], True)
+                raise EOFError("the server closed the pipe") from None
+            kind = type(msg)
+            if kind is Execute or kind is Stop:
+                with lock:  # (as _deliver: a thread asleep meanwhile may read the pipe next)
+                    if self._sleepers:
+                        self._cond.notify_all()
+                return msg
+            self._deliver([msg], False)
+        finally:
+            rx_lock.release()
+        return self._wait_main(main)
+
+    def _wait_main(self, main: deque[Message]) -> Message:
+        return self._wait(lambda: main.popleft() if main else None)  # type: ignore[no-any-return]
 
     def next_check(self) -> ReadyCheck:
         """The next readiness check, for the worker's readiness thread (models that define
