@@ -447,6 +447,8 @@ class InferenceRequest:
                 f"TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, got {flags!r}"
             )
         self._release_flags = flags
+        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE and _RUNTIME is not None:
+            _RUNTIME.rescheduled = True  # the worker checks this batch's flags
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS) and wait: an ``InferenceResponse`` (check

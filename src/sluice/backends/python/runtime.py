@@ -240,6 +240,8 @@ class Runtime:
         self._ids = itertools.count(1)
         # non-decoupled models may answer through a sender too: execution ctx -> response
         self.held: dict[tuple[int, int], Any] = {}
+        # a request was released with RESCHEDULE since the worker last looked (pb_utils)
+        self.rescheduled = False
         self.instance_name = ""  # named in Triton's error texts (set by the worker)
         self._cells: Any = None  # metric_cells.CellBlocks, made on the first counter
         # (family, labels JSON with sorted keys) -> (cells, first cell, buckets): Metric

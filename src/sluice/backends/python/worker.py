@@ -352,8 +352,11 @@ class _Worker:
         if responses is None and held and failed is None:
             # a non-decoupled model that answered through its response senders
             responses = [held.pop((msg.id, i), None) for i in range(n)]
-        if failed is None:
-            failed = _response_list_error(responses, n) or _rescheduled_error(requests, responses)
+        if failed is None and (type(responses) is not list or len(responses) != n):
+            failed = _response_list_error(responses, n)
+        if failed is None and self.runtime.rescheduled:
+            self.runtime.rescheduled = False
+            failed = _rescheduled_error(requests, responses)
         if failed is not None:
             err = (pb.TritonError.INTERNAL, failed)
             return ExecuteReply(msg.id, "", (err,) * n, t1 - t0, t2 - t1, 0)
