@@ -568,14 +568,19 @@ def _kept_response_parts(
     datatype yet (the general encoder then)."""
     outs, dtypes = response.outputs, response.output_datatypes
     key: list[Any] = []
-    raws: list[bytes | memoryview] = []
+    parts: list[bytes | memoryview] = [b""]  # [0]: the fields, once known
+    headers = _RAW_OUTPUT_HEADERS
     for name in names:
         datatype = dtypes.get(name)
         if datatype is None:
             return None
         arr = outs[name]
         key += (name, datatype, arr.shape)
-        raws.append(_raw_view(datatype, arr))
+        if datatype != "BYTES" and arr.dtype is KSERVE_TO_NUMPY.get(datatype) and arr.nbytes < 4096:
+            raw = arr.tobytes()  # (_raw_view's and _raw_parts' common case)
+            parts.append((headers.get(len(raw)) or _raw_output_header(len(raw))) + raw)
+        else:
+            parts += _raw_parts([_raw_view(datatype, arr)])
     k = tuple(key)
     fields = _OUTPUTS.get(k)
     if fields is None:
@@ -593,8 +598,8 @@ def _kept_response_parts(
             _HEADS.clear()
         _HEADS[hk] = head
     rid = response.id
-    first = head + _string_field(b"\x1a", rid) + fields if rid else head + fields
-    return [first, *_raw_parts(raws)]
+    parts[0] = head + _string_field(b"\x1a", rid) + fields if rid else head + fields
+    return parts
 
 
 def _string_field(key: bytes, value: str) -> bytes:
