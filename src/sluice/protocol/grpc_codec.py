@@ -473,7 +473,7 @@ def _output_tensors(
     outs = response.outputs
     dtypes = response.output_datatypes
     wanted = request.outputs if request is not None else None
-    names: Iterable[str] = outs if wanted is None else [s.name for s in wanted if s.name in outs]
+    names: Iterable[str] = outs if wanted is None else _wanted_names(wanted, outs)
     tensors = []
     arrays = []
     for name in names:
@@ -482,6 +482,16 @@ def _output_tensors(
         tensors.append(_OutTensor(name=name, datatype=datatype, shape=arr.shape))
         arrays.append((datatype, arr))
     return tensors, arrays
+
+
+def _wanted_names(wanted: list[OutputSpec], outs: Mapping[str, Any]) -> list[str]:
+    """The requested outputs the response has, in the order asked (a loop: a comprehension
+    is one more function call per request)."""
+    names = []
+    for s in wanted:
+        if s.name in outs:
+            names.append(s.name)
+    return names
 
 
 def encode_infer_response(
@@ -519,7 +529,7 @@ def encode_infer_response_parts(
     outs = response.outputs
     dtypes = response.output_datatypes
     wanted = request.outputs if request is not None else None
-    names: Iterable[str] = outs if wanted is None else [s.name for s in wanted if s.name in outs]
+    names: Iterable[str] = outs if wanted is None else _wanted_names(wanted, outs)
     shm = _in_shm(request)
     if not shm and not response.parameters:
         kept = _kept_response_parts(response, names)

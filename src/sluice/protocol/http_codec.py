@@ -482,7 +482,10 @@ def encode_infer_response(
     if wanted is None:
         selected: Sequence[tuple[str, OutputSpec | None]] = [(n, None) for n in outs]
     else:
-        selected = [(s.name, s) for s in wanted if s.name in outs]
+        selected = []
+        for s in wanted:  # (a loop: a comprehension is a function call per request)
+            if s.name in outs:
+                selected.append((s.name, s))
     default_binary = bool(req_params.get("binary_data_output", False))
     in_shm = request.shm_outputs if request is not None else frozenset()
     if not in_shm and not response.parameters:

@@ -86,12 +86,17 @@ class _Learned:
 
     def _request(self, inputs: dict[str, np.ndarray]) -> InferRequest:
         outs = self.outputs
+        specs = None
+        if outs is not None:
+            specs = []
+            for n, p in outs:  # (a loop: a comprehension is a function call per request)
+                specs.append(OutputSpec(n, dict(p)))
         return InferRequest(
             model_name=self.model_name,
             model_version=self.model_version,
             inputs=inputs,
             input_datatypes=dict(self.datatypes),
-            outputs=None if outs is None else [OutputSpec(n, dict(p)) for n, p in outs],
+            outputs=specs,
             parameters=dict(self.parameters),
             signature=self,
         )
@@ -187,7 +192,10 @@ class GrpcLayouts(_Book):
             if _same_outside_tensors(payload, lay):
                 # large payloads: views of the payload, not copies
                 src = payload if len(payload) < _VIEW_MIN else memoryview(payload)
-                return lay.request([src[start:end] for _, _, start, end in lay.fields])
+                raws = []
+                for _, _, start, end in lay.fields:  # (a loop, as above)
+                    raws.append(src[start:end])
+                return lay.request(raws)
         return None
 
     def learn(self, payload: bytes | memoryview, msg: Any, req: InferRequest) -> None:

@@ -462,13 +462,15 @@ class PythonInstance:
         wire: list[RequestRef] = []
         for r, (a, b) in zip(requests, spans):  # noqa: B905 - hot path (shm.py)
             outs = r.outputs
+            if outs:
+                names = []
+                for o in outs:  # (a loop: a generator is a function call per request)
+                    names.append(o.name)
+                wanted = tuple(names)
+            else:
+                wanted = all_outputs
             wire.append(
-                (
-                    r.id,
-                    refs[a:b],
-                    tuple(o.name for o in outs) if outs else all_outputs,
-                    _params_json(r.parameters) if r.parameters else "{}",
-                )
+                (r.id, refs[a:b], wanted, _params_json(r.parameters) if r.parameters else "{}")
             )
         t1 = clock()
         try:
