@@ -418,7 +418,9 @@ class _Worker:
         requests = []
         exec_id = msg.id
         for i, (rid, inputs, outputs, params) in enumerate(msg.requests):
-            tensors = [make_tensor(ref[0], view(ref), code_of[ref[1]]) for ref in inputs]
+            tensors = []
+            for ref in inputs:  # (a loop: a comprehension is a function call per request)
+                tensors.append(make_tensor(ref[0], view(ref), code_of[ref[1]]))
             requests.append(
                 make_request(
                     rid, tensors, list(outputs), params, model_name, model_version, (exec_id, i)
