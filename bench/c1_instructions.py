@@ -1,7 +1,7 @@
 """Instructions the sluice server process executes per c=1 request, counted by valgrind.
 
     .venv/bin/python bench/c1_instructions.py [--protocol grpc] [--layers] [--worker]
-        [--tree SRC ...] [--requests 500]
+        [--tree SRC ...] [--requests 500] [--concurrency 8] [--model add_sub]
 
 CPU time per request moves by +-10% from one minute to the next on this shared VM (stolen
 CPU, frequency), so a change worth 5% needs dozens of paired rounds to be seen
@@ -17,7 +17,11 @@ over ``--requests`` keep-alive requests of perf_analyzer's add_sub_nobatch reque
 - ``--layers``: also the ablations of ``c1_layers.py`` (the python backend, or the whole
   service, answering from its first result) and a bare ``GET /v2/health/ready``
   (``ServerReady`` over gRPC), so the differences say what each layer costs;
-- ``--worker``: the python model's worker process instead of the server process.
+- ``--worker``: the python model's worker process instead of the server process;
+- ``--concurrency N``: N connections at once (threads), each with its requests in turn: the
+  queued path (a busy instance, requests waiting, batches) instead of c=1's; the figure is
+  still per request (``--requests`` in all);
+- ``--model``: ``add_sub`` (its 500 us batch window) instead of ``add_sub_nobatch``.
 
 Needs valgrind (``apt-get install valgrind``). Under valgrind the server runs ~20x slower,
 so only what a request does is compared, never time.
@@ -30,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,7 +57,7 @@ LAYERS = {
 }
 
 
-def start(tree: Path, kind: str, repo: Path, out: Path, worker: bool) -> Server:
+def start(tree: Path, kind: str, repo: Path, out: Path, worker: bool, model: str = MODEL) -> Server:
     """sluice from ``tree`` under callgrind (instrumentation off), ``kind`` as in
     ``c1_layers.BOOT``; with ``worker`` its children are run under callgrind too."""
     valgrind = [
@@ -68,7 +73,7 @@ def start(tree: Path, kind: str, repo: Path, out: Path, worker: bool) -> Server:
         repo,
         out / "server.log",
         "--model-control-mode=explicit",
-        f"--load-model={MODEL}",
+        f"--load-model={model}",
         prefix=valgrind,
         env=env,
         program=(sys.executable, "-c", BOOT, kind),
@@ -76,14 +81,34 @@ def start(tree: Path, kind: str, repo: Path, out: Path, worker: bool) -> Server:
     )
 
 
-def instructions(srv: Server, pid: int, out: Path, once: Callable[[], None], n: int) -> float:
-    """Instructions of process ``pid`` per call of ``once``, over ``n`` calls after ``WARM``."""
-    for _ in range(WARM):
-        once()
+def _calls(callers: list[Callable[[], None]], each: int) -> None:
+    """``each`` calls of every caller, the callers at once (a thread each, unless one)."""
+    if len(callers) == 1:
+        for _ in range(each):
+            callers[0]()
+        return
+
+    def run(once: Callable[[], None]) -> None:
+        for _ in range(each):
+            once()
+
+    threads = [threading.Thread(target=run, args=(once,)) for once in callers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def instructions(
+    srv: Server, pid: int, out: Path, callers: list[Callable[[], None]], n: int
+) -> float:
+    """Instructions of process ``pid`` per call, over ``n`` calls (shared by ``callers``,
+    which call at once) after ``WARM`` each."""
+    _calls(callers, WARM)
+    each = max(1, n // len(callers))
     control = ["callgrind_control"]
     subprocess.run([*control, "-i", "on", str(pid)], check=True, capture_output=True)
-    for _ in range(n):
-        once()
+    _calls(callers, each)
     subprocess.run([*control, "-i", "off", str(pid)], check=True, capture_output=True)
     subprocess.run([*control, "-d", str(pid)], check=True, capture_output=True)
     total = 0
@@ -93,26 +118,36 @@ def instructions(srv: Server, pid: int, out: Path, once: Callable[[], None], n: 
                 total = max(total, int(line.split()[1]))
     if not total:
         raise RuntimeError(f"callgrind counted nothing for pid {pid} (see {out})")
-    return total / n
+    return total / (each * len(callers))
 
 
-def count(tree: Path, layer: str, protocol: str, n: int, worker: bool, root: Path) -> float:
+def count(
+    tree: Path,
+    layer: str,
+    protocol: str,
+    n: int,
+    worker: bool,
+    root: Path,
+    concurrency: int = 1,
+    model: str = MODEL,
+) -> float:
     kind, call = LAYERS[layer]
     out = Path(tempfile.mkdtemp(prefix=f"{layer}-", dir=root))
-    repo = write_repo(out / "models", [MODEL])
-    srv = start(tree, kind, repo, out, worker)
+    repo = write_repo(out / "models", [model])
+    srv = start(tree, kind, repo, out, worker, model)
     try:
         srv.wait_ready(timeout=600)
-        srv.wait_ready(f"/v2/models/{MODEL}/ready", timeout=600)
+        srv.wait_ready(f"/v2/models/{model}/ready", timeout=600)
         pid = srv.proc.pid
         if worker:  # the model's worker: the newest process under the server
             kids = psutil.Process(pid).children(recursive=True)
             pid = max(kids, key=lambda p: p.create_time()).pid
-        once, close = caller(srv, protocol, call)
+        pairs = [caller(srv, protocol, call, model) for _ in range(concurrency)]
         try:
-            return instructions(srv, pid, out, once, n)
+            return instructions(srv, pid, out, [once for once, _ in pairs], n)
         finally:
-            close()
+            for _, close in pairs:
+                close()
     finally:
         srv.stop()
 
@@ -124,6 +159,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--layers", action="store_true", help="the ablations too")
     p.add_argument("--worker", action="store_true", help="count the model's worker process")
+    p.add_argument("--concurrency", type=int, default=1, help="connections at once")
+    p.add_argument("--model", choices=(MODEL, "add_sub"), default=MODEL)
     args = p.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("needs valgrind (apt-get install valgrind)", file=sys.stderr)
@@ -139,10 +176,20 @@ def main() -> int:
         for layer in layers:
             for tree in trees:
                 got[tree, layer] = count(
-                    tree, layer, args.protocol, args.requests, args.worker, Path(tmp)
+                    tree,
+                    layer,
+                    args.protocol,
+                    args.requests,
+                    args.worker,
+                    Path(tmp),
+                    args.concurrency,
+                    args.model,
                 )
                 print(f"{tree} {layer}: {got[tree, layer] / 1000:.1f} k", flush=True)
-    print(f"\ninstructions per c=1 request over {args.protocol}, {what} (thousands):")
+    print(
+        f"\ninstructions per request of {args.model} at c={args.concurrency} over "
+        f"{args.protocol}, {what} (thousands):"
+    )
     print("layer".ljust(16) + "".join(f"{str(t)[-28:]:>30s}" for t in trees))
     for layer in layers:
         print(layer.ljust(16) + "".join(f"{got[t, layer] / 1000:30.1f}" for t in trees))

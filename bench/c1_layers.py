@@ -97,14 +97,17 @@ def server_cpu(srv: Server, once: Callable[[], None], n: int) -> float:
     return (sum(proc.cpu_times()[:2]) - cpu0) / n * 1e6
 
 
-def caller(srv: Server, protocol: str, call: str) -> tuple[Callable[[], None], Callable[[], None]]:
+def caller(
+    srv: Server, protocol: str, call: str, model: str = MODEL
+) -> tuple[Callable[[], None], Callable[[], None]]:
     """One request to ``srv`` over ``protocol`` ("http": a keep-alive ``http.client``
     connection; "grpc": one tritonclient channel), ``call`` "infer" (perf_analyzer's add_sub
-    request) or "ready" (the server's readiness), and how to close that connection."""
+    request to ``model``) or "ready" (the server's readiness), and how to close that
+    connection."""
     if protocol == "http":
         body, headers = binary_infer_request()
         infer = call == "infer"
-        method, path = ("POST", f"/v2/models/{MODEL}/infer") if infer else ("GET", READY)
+        method, path = ("POST", f"/v2/models/{model}/infer") if infer else ("GET", READY)
         conn = http.client.HTTPConnection("127.0.0.1", srv.http, timeout=120)
 
         def once() -> None:
@@ -125,7 +128,7 @@ def caller(srv: Server, protocol: str, call: str) -> tuple[Callable[[], None], C
 
     def grpc_once() -> None:
         if call == "infer":
-            client.infer(MODEL, inputs, client_timeout=120)
+            client.infer(model, inputs, client_timeout=120)
         elif not client.is_server_ready():
             raise RuntimeError("server not ready")
 
