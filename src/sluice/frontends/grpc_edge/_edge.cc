@@ -35,6 +35,9 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/alarm.h>
+#if defined(SLUICE_ABSL_SYNC)
+#include <absl/synchronization/mutex.h>
+#endif
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -943,6 +946,12 @@ PyModuleDef edge_module = {PyModuleDef_HEAD_INIT, "_edge",
 }  // namespace
 
 PyMODINIT_FUNC PyInit__edge(void) {
+#if defined(SLUICE_ABSL_SYNC)
+  // Debian's abseil is built without NDEBUG: every absl::Mutex lock (gRPC takes several a
+  // call) then records the lock order for deadlock detection (GraphCycles), ~10 k
+  // instructions a unary call here. A release build of abseil (Triton's) has it off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
   PyEdgeType.tp_name = "sluice.frontends.grpc_edge._edge.Edge";
   PyEdgeType.tp_basicsize = sizeof(PyEdge);
   PyEdgeType.tp_flags = Py_TPFLAGS_DEFAULT;

@@ -30,10 +30,10 @@ def target() -> Path:
     return HERE / f"_edge{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
-def _pkg_config(*args: str) -> list[str] | None:
+def _pkg_config(*args: str, package: str = "grpc++") -> list[str] | None:
     if shutil.which("pkg-config") is None:
         return None
-    res = subprocess.run(["pkg-config", *args, "grpc++"], capture_output=True, text=True)
+    res = subprocess.run(["pkg-config", *args, package], capture_output=True, text=True)
     if res.returncode != 0:
         return None
     return shlex.split(res.stdout)
@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         why = "no C++ compiler" if cxx is None else "gRPC C++ not found (pkg-config grpc++)"
         print(f"grpc edge: not built: {why}; gRPC will be served by grpc.aio")
         return 1 if ns.strict else 0
+    # abseil's mutexes without deadlock detection where abseil's own package is there to
+    # link (_edge.cc: SLUICE_ABSL_SYNC)
+    absl = _pkg_config("--cflags", "--libs", package="absl_synchronization")
+    if absl is not None:
+        flags = ["-DSLUICE_ABSL_SYNC", *flags, *absl]
     include = sysconfig.get_paths()["include"]
     tmp = out.with_suffix(".tmp")
     cmd = [
