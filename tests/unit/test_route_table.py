@@ -20,7 +20,7 @@ import pytest
 import uvloop
 
 from sluice.frontends.http_api import HttpFrontend, start_http_server
-from sluice.protocol.http_routes import ACTIONS, GROUPS, ROUTES, Route, Router
+from sluice.protocol.http_routes import ACTIONS, GROUPS, ROUTES, MethodNotAllowed, Route, Router
 from sluice.security.access import Guard, Policy, Restriction, http_group
 from sluice.security.audit import AuditLog, http_action
 from tests.e2e.helpers import wait_until
@@ -162,3 +162,23 @@ def test_no_path_parsing_outside_the_table(module: str) -> None:
         if needle == 'split(b"/")' and module == "frontends/http_api.py":
             continue  # the router's input: the path split once, handed to the table
         assert needle not in source, (module, needle)
+
+
+def test_a_path_matched_once_is_kept_with_the_same_answer() -> None:
+    """``match_path`` answers as ``match`` does (its route and decoded arguments; None for a
+    path no route has; MethodNotAllowed for another method), and a repeat of a found path is
+    the kept answer."""
+    router = Router(ROUTES.routes)
+    raw = b"/v2/models/my%20model/versions/3/infer"
+    expected = router.match("POST", raw.split(b"/"))
+    assert expected is not None
+    found = router.match_path("POST", raw)
+    assert found is not None
+    assert (found[0], tuple(found[1])) == (expected[0], tuple(expected[1]))
+    assert tuple(found[1]) == ("my model", "3") and found[0].handler == "infer"
+    assert router.match_path("POST", raw) is found  # kept
+    assert router.match_path("POST", b"/v2/nowhere") is None
+    assert router.match_path("POST", b"/v2/nowhere") is None  # (nothing kept)
+    with pytest.raises(MethodNotAllowed) as refused:
+        router.match_path("DELETE", b"/v2/health/ready")
+    assert "GET" in refused.value.allowed

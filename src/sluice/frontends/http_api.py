@@ -299,7 +299,7 @@ class HttpFrontend:
         try:
             if self.max_input_size:
                 receive = limit_body(scope, receive, self.max_input_size)
-            found = self.routes.match(scope["method"], raw.split(b"/"))
+            found = self.routes.match_path(scope["method"], raw)
             if found is None:
                 status, body, headers = _error(404, f"no route for {scope['path']}")
             else:

@@ -70,6 +70,9 @@ def _status_line(status: int) -> bytes:
 
 
 _STATUS_LINES = {s.value: _status_line(s.value) for s in http.HTTPStatus}
+# request target -> (raw path, path, query), as parsed before
+_TARGETS: dict[bytes, tuple[bytes, str, bytes]] = {}
+_TARGETS_KEPT = 4096  # past it, it starts over
 
 
 class _Request:
@@ -290,11 +293,19 @@ class HttpProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.in_head = False
         parser = self.parser
-        url = httptools.parse_url(self.url)
-        raw_path = url.path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
+        target = self.url
+        parsed = _TARGETS.get(target)
+        if parsed is None:  # (a client sends the same few targets again and again)
+            url = httptools.parse_url(target)
+            raw_path = url.path
+            path = raw_path.decode("ascii")
+            if "%" in path:
+                path = urllib.parse.unquote(path)
+            parsed = (raw_path, path, url.query or b"")
+            if len(_TARGETS) >= _TARGETS_KEPT:
+                _TARGETS.clear()
+            _TARGETS[target] = parsed
+        raw_path, path, query = parsed
         version = parser.get_http_version()
         scope: dict[str, Any] = {
             "type": "http",
@@ -307,7 +318,7 @@ class HttpProtocol(asyncio.Protocol):
             "root_path": "",
             "path": path,
             "raw_path": raw_path,
-            "query_string": url.query or b"",
+            "query_string": query,
             "headers": self.headers,
         }
         req = _Request(scope, parser.should_keep_alive(), self.expect_100)

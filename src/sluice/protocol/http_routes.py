@@ -87,6 +87,9 @@ def segment(raw: bytes) -> str:
     return unquote(s) if "%" in s else s
 
 
+_FOUND_KEPT = 4096  # paths whose route is kept (match_path); past it, it starts over
+
+
 class MethodNotAllowed(Exception):
     """The path is an endpoint, the method is not one of its: ``allowed`` for the Allow header."""
 
@@ -230,6 +233,7 @@ class Router:
         # the same for match() (the hot path): last segment -> segment count -> candidates,
         # unpacked, a literal last segment left out of their checks (the key checked it)
         self._keyed: dict[bytes, dict[int, tuple[_Keyed, ...]]] = {}
+        self._found: dict[tuple[str, bytes], tuple[Route, Sequence[str]]] = {}  # match_path's
         for (n, last), rs in self._by_last.items():
             self._keyed.setdefault(last, {})[n] = tuple(_keyed(r) for r in rs)
 
@@ -247,6 +251,21 @@ class Router:
             parts = parts[:-1]
             n -= 1
         return parts, self._by_last.get((n, parts[-1])) or self._fallback(n)
+
+    def match_path(self, method: str, raw: bytes) -> tuple[Route, Sequence[str]] | None:
+        """``match`` of the raw path ``raw``, kept once found (a client asks the same few
+        paths again and again; a path that matches nothing, or not this method, is not
+        kept)."""
+        key = (method, raw)
+        found = self._found.get(key)
+        if found is None:
+            found = self.match(method, raw.split(b"/"))
+            if found is not None:
+                found = (found[0], tuple(found[1]))
+                if len(self._found) >= _FOUND_KEPT:
+                    self._found.clear()
+                self._found[key] = found
+        return found
 
     def match(self, method: str, parts: list[bytes]) -> tuple[Route, Sequence[str]] | None:
         """The route serving ``method`` on the path (split on ``/``) and its arguments; None
