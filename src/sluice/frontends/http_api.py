@@ -26,6 +26,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import gzip
 import json
 import socket
@@ -217,6 +218,7 @@ def _decompress(body: bytes, encoding: bytes, limit: int = 0) -> bytes:
     return out
 
 
+@functools.lru_cache(maxsize=64)  # (a client sends the same header on every request)
 def _accepted_encoding(accept: bytes) -> bytes | None:
     """The compression Triton would apply for this Accept-Encoding (gzip or deflate)."""
     for part in accept.lower().split(b","):

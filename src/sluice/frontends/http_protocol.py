@@ -73,6 +73,7 @@ _STATUS_LINES = {s.value: _status_line(s.value) for s in http.HTTPStatus}
 # request target -> (raw path, path, query), as parsed before
 _TARGETS: dict[bytes, tuple[bytes, str, bytes]] = {}
 _TARGETS_KEPT = 4096  # past it, it starts over
+_METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 
 
 class _Request:
@@ -306,6 +307,7 @@ class HttpProtocol(asyncio.Protocol):
                 _TARGETS.clear()
             _TARGETS[target] = parsed
         raw_path, path, query = parsed
+        method = parser.get_method()
         version = parser.get_http_version()
         scope: dict[str, Any] = {
             "type": "http",
@@ -314,7 +316,7 @@ class HttpProtocol(asyncio.Protocol):
             "server": self.server,
             "client": self.client,
             "scheme": self.scheme,
-            "method": parser.get_method().decode("ascii"),
+            "method": _METHODS.get(method) or method.decode("ascii"),
             "root_path": "",
             "path": path,
             "raw_path": raw_path,
