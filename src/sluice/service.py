@@ -216,8 +216,7 @@ class InferenceService:
         """One response (``serving.Serving.infer``); ``protocol`` ("HTTP end point",
         "ModelInfer RPC") words the refusal of a decoupled model as Triton does;
         ``admitted`` as in ``_admit``."""
-        if not admitted and (self._gated or not self._accepting):
-            self._admit(admitted)
+        self._admit(admitted)
         if request.shm_inputs:
             self._read_shm_inputs(request)
         if request.shm_outputs:
@@ -227,9 +226,7 @@ class InferenceService:
         try:
             response = await self.serving.infer(request, protocol=protocol, single=single)
         finally:
-            self._inflight -= 1
-            if self._idle is not None and self._inflight == 0:
-                self._idle.set()
+            self._left()
         if request.deliver is not None:  # a path that counts no success of its own
             request.deliver = None
             self._write_shm_outputs(request, response)

@@ -197,6 +197,17 @@ class LatencySummaries:
     compute_output: Summary = field(default_factory=Summary)
 
 
+def _count_one(duration: Duration, hist: Histogram, ns: int) -> None:
+    """One request's ``ns`` into ``duration`` and ``hist`` (their add and observe_ns, in one
+    call: this runs twice a request)."""
+    duration.count += 1
+    duration.ns += ns
+    us = ns / 1000.0
+    hist.counts[bisect_left(BUCKETS_US, us)] += 1
+    hist.sum_us += us
+    hist.total += 1
+
+
 @dataclass(slots=True)
 class BatchStat:
     compute_input: Duration = field(default_factory=Duration)
@@ -239,8 +250,9 @@ class ModelStats:
         default_factory=lambda: deque([(time.monotonic(), 0, 0)])
     )
 
-    # The three below run for every request: each counter is updated in place rather than
-    # through Duration.add / Histogram.observe_ns (a Python call each, ~11 a request).
+    # The three below run for every request: their counters are updated in place (through
+    # _count_one for a single request) rather than through Duration.add and
+    # Histogram.observe_ns, a Python call each (~11 a request).
     def record_execution(
         self, batch_size: int, n_requests: int, cin: int, cinf: int, cout: int
     ) -> None:
@@ -281,14 +293,7 @@ class ModelStats:
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def record_queue(self, ns: int) -> None:
-        d = self.queue
-        d.count += 1
-        d.ns += ns
-        h = self.queue_hist
-        us = ns / 1000.0
-        h.counts[bisect_left(BUCKETS_US, us)] += 1
-        h.sum_us += us
-        h.total += 1
+        _count_one(self.queue, self.queue_hist, ns)
         if self.summaries is not None:
             self.summaries.queue.observe_us(ns // 1000)
 
@@ -299,14 +304,7 @@ class ModelStats:
             self.first_response.observe_ns(ns)
 
     def record_success(self, ns: int) -> None:
-        d = self.success
-        d.count += 1
-        d.ns += ns
-        h = self.request_hist
-        us = ns / 1000.0
-        h.counts[bisect_left(BUCKETS_US, us)] += 1
-        h.sum_us += us
-        h.total += 1
+        _count_one(self.success, self.request_hist, ns)
         if self.summaries is not None:  # Triton's request summary counts successes
             self.summaries.request.observe_us(ns // 1000)
 

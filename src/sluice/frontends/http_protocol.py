@@ -372,9 +372,7 @@ class HttpProtocol(asyncio.Protocol):
             runner.add_done_callback(tasks.discard)
         else:  # taken once the request before has left the application
             self.next = req
-            parked = self.parked
-            if parked is not None and not parked.done():
-                parked.set_result(None)
+            self._unpark()
         req.scope[TASK] = runner
 
     def _unpark(self) -> None:

@@ -448,6 +448,8 @@ def _raw_view(datatype: str, arr: np.ndarray) -> bytes | memoryview:
     unmapped meanwhile (a client's shared-memory region) is copied instead."""
     if datatype == "BYTES":
         return serialize_bytes_tensor(arr)
+    if arr.dtype is KSERVE_TO_NUMPY.get(datatype) and arr.nbytes < 4096:
+        return arr.tobytes()  # the common case first: a small tensor already in its dtype
     arr = as_wire_dtype(datatype, arr)
     if arr.nbytes < 4096 or not arr.flags.c_contiguous or _mapped(arr):
         return arr.tobytes()  # small ones: bytes are cheaper than a memoryview
@@ -578,19 +580,14 @@ def _kept_response_parts(
     datatype yet (the general encoder then)."""
     outs, dtypes = response.outputs, response.output_datatypes
     key: list[Any] = []
-    parts: list[bytes | memoryview] = [b""]  # [0]: the fields, once known
-    headers = _RAW_OUTPUT_HEADERS
+    raws: list[bytes | memoryview] = []
     for name in names:
         datatype = dtypes.get(name)
         if datatype is None:
             return None
         arr = outs[name]
         key += (name, datatype, arr.shape)
-        if datatype != "BYTES" and arr.dtype is KSERVE_TO_NUMPY.get(datatype) and arr.nbytes < 4096:
-            raw = arr.tobytes()  # (_raw_view's and _raw_parts' common case)
-            parts.append((headers.get(len(raw)) or _raw_output_header(len(raw))) + raw)
-        else:
-            parts += _raw_parts([_raw_view(datatype, arr)])
+        raws.append(_raw_view(datatype, arr))
     k = tuple(key)
     fields = _OUTPUTS.get(k)
     if fields is None:
@@ -608,8 +605,8 @@ def _kept_response_parts(
             _HEADS.clear()
         _HEADS[hk] = head
     rid = response.id
-    parts[0] = head + _string_field(b"\x1a", rid) + fields if rid else head + fields
-    return parts
+    first = head + _string_field(b"\x1a", rid) + fields if rid else head + fields
+    return [first, *_raw_parts(raws)]
 
 
 def _string_field(key: bytes, value: str) -> bytes:

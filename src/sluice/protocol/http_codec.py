@@ -438,11 +438,16 @@ def _requested_outputs(outputs_doc: Any) -> tuple[list[OutputSpec], list[str]]:
 # --------------------------------------------------------------------------- response encode
 def output_is_binary(spec: OutputSpec | None, request_params: Mapping[str, Any]) -> bool:
     """Per-output ``binary_data`` wins; otherwise the request-level ``binary_data_output``."""
+    return _is_binary(spec, bool(request_params.get("binary_data_output", False)))
+
+
+def _is_binary(spec: OutputSpec | None, default: bool) -> bool:
+    """``output_is_binary`` with the request-level flag already read (``default``)."""
     if spec is not None:
         flag = spec.parameters.get("binary_data")
         if flag is not None:
             return bool(flag)
-    return bool(request_params.get("binary_data_output", False))
+    return default
 
 
 def _json_data(datatype: str, arr: np.ndarray) -> list[Any] | None:
@@ -507,11 +512,7 @@ def encode_infer_response(
     for name, spec in selected:
         arr = outs[name]
         datatype = tensor_datatype("output", name, arr, dtypes.get(name))
-        binary = default_binary
-        if spec is not None:
-            flag = spec.parameters.get("binary_data")
-            if flag is not None:
-                binary = bool(flag)
+        binary = _is_binary(spec, default_binary)
         shm = name in in_shm
         data = None if binary or shm else _json_data(datatype, arr)
         parts.append('{"name":' if first else ',{"name":')
@@ -566,20 +567,12 @@ def _binary_response(
     key: list[Any] = []
     tail: list[bytes | memoryview] = []
     for name, spec in selected:
-        binary = default_binary
-        if spec is not None:
-            flag = spec.parameters.get("binary_data")
-            if flag is not None:
-                binary = bool(flag)
         datatype = dtypes.get(name)
-        if not binary or datatype is None or datatype == "BYTES":
+        if datatype is None or datatype == "BYTES" or not _is_binary(spec, default_binary):
             return None
         arr = outs[name]
         key += (name, datatype, arr.shape)
-        if arr.dtype is _DTYPE_OF.get(datatype) and arr.nbytes <= _SMALL:
-            tail.append(arr.tobytes())  # (_binary's common case)
-        else:
-            tail.append(_binary(datatype, arr))
+        tail.append(_binary(datatype, arr))
     k = tuple(key)
     outputs = _OUTPUTS.get(k)
     if outputs is None:
@@ -619,6 +612,8 @@ def as_wire_dtype(datatype: str, arr: np.ndarray) -> np.ndarray:
 def _binary(datatype: str, arr: np.ndarray) -> bytes | memoryview:
     if datatype == "BYTES":
         return serialize_bytes_tensor(arr)
+    if arr.dtype is _DTYPE_OF.get(datatype) and arr.nbytes <= _SMALL:
+        return arr.tobytes()  # a small tensor already in its dtype: no cast to ask for
     arr = as_wire_dtype(datatype, arr)
     if arr.nbytes <= _SMALL or not arr.flags.c_contiguous:
         return arr.tobytes()  # cheaper than a memoryview for small tensors; copies otherwise

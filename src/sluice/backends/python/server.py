@@ -99,7 +99,7 @@ from .settings import (
     python_settings,
     worker_env,
 )
-from .shm import DATATYPE_BY_DTYPE, ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
+from .shm import ArenaReader, ArenaWriter, datatype_of, unlink_prefix, unpack
 
 __all__ = ["PythonBackend", "PythonInstance", "model_config_json", "PIPELINE_DEPTH"]
 
@@ -450,8 +450,7 @@ class PythonInstance:
         for r in requests:
             start = len(tensors)
             for name, arr in r.inputs.items():
-                datatype = DATATYPE_BY_DTYPE.get(arr.dtype)  # (datatype_of's common case)
-                tensors.append((name, arr, datatype or datatype_of(arr)))
+                tensors.append((name, arr, datatype_of(arr)))
             spans.append((start, len(tensors)))
         inputs = self._inputs[lane]
         try:

@@ -50,7 +50,6 @@ __all__ = [
     "unlink_segment",
     "unlink_prefix",
     "datatype_of",
-    "DATATYPE_BY_DTYPE",
     "ALIGN",
 ]
 
@@ -110,18 +109,18 @@ def _close_later(retired: list[shared_memory.SharedMemory], delay: float = 1.0) 
 def datatype_of(array: np.ndarray) -> str:
     """The KServe datatype of an output array (object / bytes arrays are BYTES)."""
     dt = array.dtype
+    name = _DTYPE_NAMES.get(dt)  # (the common case first: every request's inputs come here)
+    if name is not None:
+        return name
     kind = dt.kind
     if kind in ("O", "S", "U"):
         return "BYTES"
     if kind == "b":
         return "BOOL"
-    name = DATATYPE_BY_DTYPE.get(dt)
-    if name is None:
-        raise TypeError(f"unsupported tensor dtype {dt}")
-    return name
+    raise TypeError(f"unsupported tensor dtype {dt}")
 
 
-DATATYPE_BY_DTYPE: dict[np.dtype, str] = {v: k for k, v in KSERVE_TO_NUMPY.items() if v.kind != "O"}
+_DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in KSERVE_TO_NUMPY.items() if v.kind != "O"}
 
 
 class ArenaWriter:
