@@ -44,6 +44,7 @@ import tritonclient.http as httpclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from servers import Server, free_port, start_sluice  # noqa: E402
+from vs_triton import peers_numpy  # noqa: E402
 
 PEERS_DIR = Path(os.environ.get("PEERS_DIR", "/tmp/peers"))
 TRITON = PEERS_DIR / "bin" / "tritonserver"
@@ -200,7 +201,9 @@ def measure(name: str, repo: Path, n: int, args: argparse.Namespace, work: Path)
     t0 = time.monotonic()
     if name == "sluice":
         flags = ["--model-control-mode=explicit", "--load-model=*", *args.sluice_flag]
-        srv = start_sluice(repo, log, *flags)
+        numpy_dir = peers_numpy(work / "numpy")  # Triton's stub's numpy, as vs_triton
+        env = {"PYTHONPATH": str(numpy_dir)} if numpy_dir else None
+        srv = start_sluice(repo, log, *flags, env=env)
     else:
         srv = start_triton(repo, log)
     try:

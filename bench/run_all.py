@@ -107,7 +107,18 @@ def _run_memory(quick: bool, json_path: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the file
 def matrix_markdown(m: dict[str, Any]) -> str:
     s = m["settings"]
-    return (
+    printed = s.get("numpy") or {}
+    numpy = (
+        "The python models' numpy, as the heavy models printed it at initialize: "
+        + ", ".join(
+            f"{server} {' '.join(sorted(set(got.values()))) or 'not printed'}"
+            for server, got in printed.items()
+        )
+        + " (sluice's process tree imports Triton's venv's numpy: `vs_triton.peers_numpy`).\n\n"
+        if printed
+        else ""
+    )
+    return numpy + (
         f"{len(m['cells'])} cells, {s['rounds']} round(s) of {s['interval_ms']} ms windows "
         "(perf_analyzer -p; 3 windows per run), both servers up at once, the order alternating; "
         "each cell: the median of the paired sluice/Triton throughput ratios, then each round's; "

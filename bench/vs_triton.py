@@ -134,6 +134,39 @@ def warm_up(server: Server, models: Sequence[str], out: Path) -> None:
         csv_run(cmd, out, f"{server.name} warm-up {model}", timeout=60)
 
 
+# Where bench-peers' Triton venv keeps the numpy its python stub imports (setup.sh pins it).
+PEERS_SITE = PEERS_DIR / "triton" / "lib" / "python3.11" / "site-packages"
+# what bench-peers' heavy models print at initialize: "[heavy_batch] numpy 1.26.4, ..."
+_PRINTED_NUMPY = re.compile(r"^\[(\w+)\] numpy (\S+),", re.M)
+
+
+def peers_numpy(dest: Path) -> Path | None:
+    """A directory to put first on sluice's ``PYTHONPATH`` so that its process tree (its
+    python models' workers included) imports the very numpy Triton's python stub imports:
+    links to that venv's ``numpy`` and ``numpy.libs`` (its bundled OpenBLAS), so that the
+    models' cost differs by server, not by numpy version. None where that venv has no numpy."""
+    if not (PEERS_SITE / "numpy" / "__init__.py").exists():
+        return None
+    if dest.exists():
+        return dest
+    dest.mkdir(parents=True)
+    for name in ("numpy", "numpy.libs"):
+        if (PEERS_SITE / name).exists():
+            (dest / name).symlink_to(PEERS_SITE / name)
+    return dest
+
+
+def printed_numpy(server: Server) -> dict[str, str]:
+    """model -> the numpy version it printed at initialize into ``server``'s log
+    (bench-peers' heavy models do)."""
+    server.log.flush()
+    try:
+        text = Path(server.log.name).read_text(errors="replace")
+    except OSError:
+        return {}
+    return dict(_PRINTED_NUMPY.findall(text))
+
+
 def machine() -> dict[str, Any]:
     model = ""
     try:
@@ -187,11 +220,12 @@ def run_matrix(
     with tempfile.TemporaryDirectory(prefix="sluice-vs-triton-") as tmp:
         root = Path(tmp)
         repo = write_repo(root / "repo", models)
-        # this tree's sluice, whatever the venv has installed
+        # this tree's sluice, with the numpy of Triton's stub (else whatever the venv has)
+        numpy_dir = peers_numpy(root / "numpy")
         sluice_env = {
             **SERVER_ENV,
             "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])
+                str(d) for d in (numpy_dir, ROOT / "src", os.environ.get("PYTHONPATH")) if d
             ),
         }
         servers = [
@@ -203,6 +237,9 @@ def run_matrix(
                 s.wait_ready()
                 for m in models:
                     s.wait_ready(f"/v2/models/{m}/ready", timeout=60)
+            result["settings"]["numpy"] = numpy = {s.name: printed_numpy(s) for s in servers}
+            if len({v for got in numpy.values() for v in got.values()}) > 1:
+                say(f"WARNING: the servers' python models run different numpy: {numpy}")
             say(f"both servers ready; warming up ({len(models)} models each)")
             for s in servers:
                 warm_up(s, models, root / "warmup.csv")
