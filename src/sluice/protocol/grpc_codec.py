@@ -33,6 +33,7 @@ from .http_codec import (
     check_empty_shape,
     deserialize_bytes_tensor,
     serialize_bytes_tensor,
+    wire_data,
 )
 from .json_body import show
 from .varint import encode as _varint
@@ -442,18 +443,10 @@ def _raw(datatype: str, arr: np.ndarray) -> bytes:
     return as_wire_dtype(datatype, arr).tobytes()
 
 
-def _raw_view(datatype: str, arr: np.ndarray) -> bytes | memoryview:
-    """The tensor's raw content without a copy where it is already laid out as sent. The
-    native edge lends large parts to gRPC until they are on the wire, so memory that can be
-    unmapped meanwhile (a client's shared-memory region) is copied instead."""
-    if datatype == "BYTES":
-        return serialize_bytes_tensor(arr)
-    if arr.dtype is KSERVE_TO_NUMPY.get(datatype) and arr.nbytes < 4096:
-        return arr.tobytes()  # the common case first: a small tensor already in its dtype
-    arr = as_wire_dtype(datatype, arr)
-    if arr.nbytes < 4096 or not arr.flags.c_contiguous or _mapped(arr):
-        return arr.tobytes()  # small ones: bytes are cheaper than a memoryview
-    return arr.data.cast("B")
+# A raw content up to this size is sent as bytes, larger ones as views (``wire_data``). The
+# native edge lends large parts to gRPC until they are on the wire, so memory that can be
+# unmapped meanwhile (a client's shared-memory region: ``_mapped``) is copied instead.
+_RAW_SMALL = 4095
 
 
 def _mapped(arr: np.ndarray) -> bool:
@@ -551,7 +544,7 @@ def encode_infer_response_parts(
         arr = outs[name]
         datatype = tensor_datatype("output", name, arr, dtypes.get(name))
         head.append(_output_field(name, datatype, arr.shape))
-        raws.append(b"" if name in shm else _raw_view(datatype, arr))
+        raws.append(b"" if name in shm else wire_data(datatype, arr, _RAW_SMALL, _mapped))
     return [b"".join(head), *_raw_parts(raws)]
 
 
@@ -587,7 +580,7 @@ def _kept_response_parts(
             return None
         arr = outs[name]
         key += (name, datatype, arr.shape)
-        raws.append(_raw_view(datatype, arr))
+        raws.append(wire_data(datatype, arr, _RAW_SMALL, _mapped))
     k = tuple(key)
     fields = _OUTPUTS.get(k)
     if fields is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ __all__ = [
     "decode_infer_response",
     "serialize_bytes_tensor",
     "as_wire_dtype",
+    "wire_data",
     "deserialize_bytes_tensor",
     "output_is_binary",
     "check_empty_shape",
@@ -525,7 +526,7 @@ def encode_infer_response(
         if shm:  # written into the region by the service: no data (as Triton)
             parts.append("]}")
         elif data is None:  # binary, or BYTES that are not UTF-8 (sent binary: clients cope)
-            raw = _binary(datatype, arr)
+            raw = wire_data(datatype, arr)
             tail.append(raw)
             parts.append('],"parameters":{"binary_data_size":')
             parts.append(str(len(raw)))
@@ -572,7 +573,7 @@ def _binary_response(
             return None
         arr = outs[name]
         key += (name, datatype, arr.shape)
-        tail.append(_binary(datatype, arr))
+        tail.append(wire_data(datatype, arr))
     k = tuple(key)
     outputs = _OUTPUTS.get(k)
     if outputs is None:
@@ -609,14 +610,26 @@ def as_wire_dtype(datatype: str, arr: np.ndarray) -> np.ndarray:
     return arr if arr.dtype == want else arr.astype(want)
 
 
-def _binary(datatype: str, arr: np.ndarray) -> bytes | memoryview:
+def wire_data(
+    datatype: str,
+    arr: np.ndarray,
+    small: int = _SMALL,
+    must_copy: Callable[[np.ndarray], bool] | None = None,
+) -> bytes | memoryview:
+    """A tensor's raw content as sent (HTTP's binary data, gRPC's raw contents): bytes up to
+    ``small`` bytes (cheaper than a memoryview) and where the layout or ``must_copy`` asks
+    for a copy; else a view of the array's memory, no copy."""
     if datatype == "BYTES":
         return serialize_bytes_tensor(arr)
-    if arr.dtype is _DTYPE_OF.get(datatype) and arr.nbytes <= _SMALL:
+    if arr.dtype is _DTYPE_OF.get(datatype) and arr.nbytes <= small:
         return arr.tobytes()  # a small tensor already in its dtype: no cast to ask for
     arr = as_wire_dtype(datatype, arr)
-    if arr.nbytes <= _SMALL or not arr.flags.c_contiguous:
-        return arr.tobytes()  # cheaper than a memoryview for small tensors; copies otherwise
+    if (
+        arr.nbytes <= small
+        or not arr.flags.c_contiguous
+        or (must_copy is not None and must_copy(arr))
+    ):
+        return arr.tobytes()
     return arr.data.cast("B")
 
 
@@ -638,7 +651,7 @@ def encode_infer_request(
         datatype = tensor_datatype("input", name, arr, (datatypes or {}).get(name))
         doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
-            raw = _binary(datatype, arr)
+            raw = wire_data(datatype, arr)
             doc["parameters"] = {"binary_data_size": len(raw)}
             tail.append(raw)
         else:
