@@ -9,8 +9,9 @@ back to back, alternating which goes first, and prints throughput and the server
 tree's CPU per request (from /proc and the server's own success count). The summary gives the
 medians and the paired B/A ratios per concurrency: on a shared machine single pairs scatter
 ±10%, so decide from several rounds, not one. ``--env-b KEY=VALUE`` sets an environment
-variable for B only (e.g. an experiment switch). A native edge is taken from each tree as
-built there. Needs ../shared/bench-peers/setup.sh to have run (perf_analyzer).
+variable for B only (e.g. an experiment switch), ``--flag-b`` a serve flag
+(``--flag-a=--grpc-edge-colocate=0``). A native edge is taken from each tree as built there.
+Needs ../shared/bench-peers/setup.sh to have run (perf_analyzer).
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def main() -> int:
     p.add_argument("--b", required=True, type=Path, help="source tree B")
     p.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--flag-a",
+        action="append",
+        default=[],
+        metavar="--FLAG=VALUE",
+        help="a `sluice serve` flag for A only (e.g. --grpc-edge-colocate=0)",
+    )
+    p.add_argument("--flag-b", action="append", default=[], metavar="--FLAG=VALUE")
     p.add_argument("--repo", type=Path, default=PEERS / "models" / "triton")
     p.add_argument("--model", default="add_sub")
     p.add_argument("--load", action="append", default=[], help="models to load (default: --model)")
@@ -74,9 +83,14 @@ def main() -> int:
         root = Path(tmp)
         servers: dict[str, Server] = {}
         try:
-            for name, tree, env in (("A", args.a, args.env_a), ("B", args.b, args.env_b)):
+            for name, tree, env, own in (
+                ("A", args.a, args.env_a, args.flag_a),
+                ("B", args.b, args.env_b, args.flag_b),
+            ):
                 prefix = ["env", f"PYTHONPATH={tree.resolve()}", *env]
-                servers[name] = start_sluice(args.repo, root / f"{name}.log", *flags, prefix=prefix)
+                servers[name] = start_sluice(
+                    args.repo, root / f"{name}.log", *flags, *own, prefix=prefix
+                )
                 servers[name].name = name
             for s in servers.values():
                 s.wait_ready()

@@ -573,6 +573,15 @@ def _add_grpc_flags(p: argparse.ArgumentParser) -> None:
         help="gRPC edge: native (gRPC C++ extension), aio (grpc.aio), auto (native when built); "
         "default from $SLUICE_GRPC_EDGE, else auto",
     )
+    p.add_argument(
+        "--grpc-edge-colocate",
+        type=_nonneg_int,
+        default=64,
+        metavar="CALLS",
+        help="native gRPC edge: after this many calls in a row that each arrive with no other "
+        "in flight, its poller thread and the event loop's share one CPU, until a call overlaps "
+        "another (0: never; default 64)",
+    )
     for flag, (arg, kind) in GRPC_CHANNEL_FLAGS.items():
         p.add_argument(
             flag,
@@ -801,6 +810,7 @@ def _to_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Serve
         exit_on_error=ns.exit_on_error,
         backend_config=_backend_config(ns.backend_config, parser),
         grpc_edge=ns.grpc_edge,
+        grpc_edge_colocate=ns.grpc_edge_colocate,
         grpc_channel_args=_grpc_channel_args(ns),
         grpc_infer_allocation_pool_size=ns.grpc_infer_allocation_pool_size,
         cache_size_bytes=_cache_size(ns.cache_config, parser),

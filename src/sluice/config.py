@@ -138,6 +138,10 @@ class ServerConfig:
     exit_on_error: bool = True
     backend_config: tuple[tuple[str, str, str], ...] = ()
     grpc_edge: str = GrpcEdge.AUTO
+    # --grpc-edge-colocate: lone gRPC calls in a row before the native edge's poller and the
+    # event loop's thread share one CPU (0: never; `sluice serve` defaults to 64, an
+    # embedding program to 0: its own thread is not pinned unless it asks)
+    grpc_edge_colocate: int = 0
     # gRPC channel arguments from tritonserver's --grpc-* flags (keepalive, connection age),
     # applied by whichever edge serves; only the flags given on the command line.
     grpc_channel_args: tuple[tuple[str, int], ...] = ()

@@ -125,6 +125,7 @@ class Server:
         cfg = self.config
         native = grpc_edge.native_edge()
         start: Callable[..., Awaitable[tuple[Any, int]]] = start_grpc_server
+        extra: dict[str, Any] = {}
         if cfg.grpc_edge == GrpcEdge.AIO:
             edge = "grpc.aio (--grpc-edge=aio)"
         elif native is None:
@@ -137,6 +138,7 @@ class Server:
         else:
             start = grpc_edge.start_native_grpc_server
             edge = f"native ({native}, --grpc-edge={cfg.grpc_edge})"
+            extra["colocate"] = cfg.grpc_edge_colocate
         self._grpc, self.grpc_port = await start(
             self.service,
             address,
@@ -144,6 +146,7 @@ class Server:
             options=list(cfg.grpc_channel_args),
             tls=cfg.grpc_tls,
             policy=self.policy,
+            **extra,
         )
         log.info("gRPC edge: %s", edge)
         return self.grpc_port

@@ -1,10 +1,11 @@
 """The native gRPC edge (gRPC C++ extension) against the real server process: which edge
 runs is in the log, large messages both ways, deadlines (the request leaves the queue), the
-bidi stream, many concurrent clients, the tritonserver gRPC flags, SIGTERM; and the
-fallback flag. The rest of the gRPC suite runs on both edges (scripts/run-tests)."""
+bidi stream, many concurrent clients, the tritonserver gRPC flags, SIGTERM, co-location at
+low load (read from the server's threads' affinity in /proc); and the fallback flag. The rest of the gRPC suite runs on both edges (scripts/run-tests)."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from pathlib import Path
@@ -209,3 +210,93 @@ def test_aio_flag_and_env(tmp_path: Path, start_server):
     c.close()
     srv2 = start_server(repo, env={"SLUICE_GRPC_EDGE": "aio"})
     assert "gRPC edge: grpc.aio (--grpc-edge=aio)" in srv2.log()
+
+
+def _masks(pid: int) -> dict[int, frozenset[int]]:
+    """Each thread of ``pid`` and the CPUs it may run on."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = frozenset(os.sched_getaffinity(int(tid)))
+        except OSError:  # exited meanwhile
+            continue
+    return out
+
+
+_TWO_CPUS = pytest.mark.skipif(
+    len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2, reason="needs two CPUs"
+)
+
+
+@_TWO_CPUS
+def test_lone_calls_share_one_cpu_and_an_overlapping_call_spreads_them(
+    tmp_path: Path, start_server
+):
+    """After --grpc-edge-colocate lone calls in a row, the event loop's thread (the main
+    one) and the edge's poller are held to one CPU, and no other thread is; a call that
+    arrives while another is in flight gives them the server's CPUs back before it is
+    answered; lone calls co-locate them again. Every answer is the right one."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_example(repo, "add_sub")
+    gate = tmp_path / "gate.open"
+    gated_model(repo, "gated", gate)
+    srv = start_server(repo, "--grpc-edge=native", "--grpc-edge-colocate=8")
+    pid = srv.proc.pid
+    base = frozenset(os.sched_getaffinity(pid))
+    c = grpc_client(srv)
+
+    def lone_calls(n: int) -> None:
+        for k in range(n):
+            r = c.infer("add_sub", _add_sub(k, 2))
+            assert r.as_numpy("OUTPUT0")[0, 0] == k + 2 and r.as_numpy("OUTPUT1")[0, 0] == k - 2
+
+    lone_calls(7)
+    assert set(_masks(pid).values()) == {base}  # seven are not yet eight
+    lone_calls(1)
+    shared = _masks(pid)[pid]
+    assert len(shared) == 1 and shared < base
+    wait_until(
+        lambda: (
+            sorted(t for t, m in _masks(pid).items() if m == shared)[:1] == [pid]
+            and sum(m == shared for m in _masks(pid).values()) == 2
+        ),
+        what="the loop's thread and the poller alone on the shared CPU",
+        describe=lambda: repr(_masks(pid)),
+    )
+
+    box: dict = {}
+
+    def held() -> None:
+        i = grpcclient.InferInput("INPUT", [1], "FP32")
+        i.set_data_from_numpy(np.array([7.0], np.float32))
+        box["r"] = grpc_client(srv).infer("gated", [i], client_timeout=60)
+
+    t = threading.Thread(target=held)
+    t.start()
+    try:
+        wait_until(lambda: pending(srv, "gated") == 1, interval=0.02, what="the held call")
+        lone_calls(1)  # arrives while the held call is in flight
+        assert set(_masks(pid).values()) == {base}
+    finally:
+        gate.touch()
+    t.join(30)
+    assert box["r"].as_numpy("OUTPUT").tolist() == [7.0]
+    lone_calls(8)
+    again = _masks(pid)[pid]
+    assert len(again) == 1 and again < base
+    c.close()
+
+
+@_TWO_CPUS
+def test_colocate_zero_never_pins(tmp_path: Path, start_server):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_example(repo, "add_sub")
+    srv = start_server(repo, "--grpc-edge=native", "--grpc-edge-colocate=0")
+    base = frozenset(os.sched_getaffinity(srv.proc.pid))
+    c = grpc_client(srv)
+    for k in range(100):
+        assert c.infer("add_sub", _add_sub(k, 1)).as_numpy("OUTPUT0")[0, 0] == k + 1
+    assert set(_masks(srv.proc.pid).values()) == {base}
+    c.close()

@@ -16,6 +16,10 @@ Rules of this file:
   without a copy, small ones copied into one slice).
 - A call cancelled by its client, its deadline or shutdown is finished CANCELLED by the
   extension; here its task is cancelled, so a queued request leaves its queue.
+- Co-location at low load (``colocate``, ``--grpc-edge-colocate``): while calls arrive one
+  at a time, the extension's poller and this loop's thread share one CPU, and spread out
+  again at the first call that overlaps another; every second this side gives threads and
+  processes that inherited the shared CPU theirs back (``host.affinity``).
 - Where the extension is not built, ``IMPORT_ERROR`` says why and the server falls back to
   ``grpc.aio`` (``server.py``).
 
@@ -33,6 +37,7 @@ import contextvars
 import ctypes
 import ctypes.util
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -41,6 +46,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ...config import TlsFiles
 from ...errors import InvalidArgument, ServerError, Status
+from ...host.affinity import restore_inherited
 from ...protocol.grpc_codec import parse_model_infer
 from ...security.access import CALLER, AccessDenied, Policy, client_address
 from ...security.tls import pems as tls_pems
@@ -83,6 +89,7 @@ _REQUEST_TYPES = {
     for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
 }
 _UNIMPLEMENTED = 12
+_SWEEP_SECONDS = 1.0
 
 
 def native_edge() -> str | None:
@@ -180,6 +187,8 @@ class NativeGrpcServer:
         self._flush_soon = False
         self._policy = handlers.policy  # None: nothing checked or recorded (one test per call)
         self._guard = None if self._policy is None else self._policy.guard
+        self._cpus: set[int] = set()  # the loop thread's CPUs before any co-location
+        self._sweep_handle: asyncio.TimerHandle | None = None
 
     def start(
         self,
@@ -187,9 +196,11 @@ class NativeGrpcServer:
         int_args: Sequence[tuple[str, int]] = (),
         str_args: Sequence[tuple[str, str]] = (),
         tls: TlsFiles | None = None,
+        colocate: int = 0,
     ) -> int:
         """Bind ``address`` (``host:port``) and serve (over TLS when ``tls`` is given);
-        returns the bound port."""
+        returns the bound port. ``colocate``: lone calls in a row before the poller and this
+        thread share a CPU (0: never)."""
         self._loop = asyncio.get_running_loop()
         pems = None if tls is None else tls_pems(tls)
         capture = self._guard.grpc_headers if self._guard is not None else ()
@@ -203,16 +214,39 @@ class NativeGrpcServer:
                     MAX_MESSAGE_BYTES,
                     pems,
                     list(capture),
+                    colocate if hasattr(os, "sched_getaffinity") else 0,
                 )
             )
         except OSError as exc:
             raise ServerError(str(exc), Status.UNAVAILABLE) from exc
         self._loop.add_reader(self._edge.fileno(), self._on_events)
+        if colocate > 0 and hasattr(os, "sched_getaffinity"):
+            self._cpus = os.sched_getaffinity(0)
+            self._sweep_handle = self._loop.call_later(_SWEEP_SECONDS, self._sweep)
         return port
+
+    def colocation(self) -> tuple[int, int, int]:
+        """``(cpu, loop_tid, poller_tid)``: the CPU the edge's poller and the loop's thread
+        share now (-1: none) and the two threads' ids."""
+        cpu, _used, loop_tid, poller_tid = self._edge.colocation()
+        return cpu, loop_tid, poller_tid
+
+    def _sweep(self) -> None:
+        """Give the server's CPUs back to threads and processes that inherited a shared one
+        (``host.affinity``); once a second, while the edge serves."""
+        cpu, used, loop_tid, poller_tid = self._edge.colocation()
+        shared = set(used) | ({cpu} if cpu >= 0 else set())
+        if shared:
+            restore_inherited(os.getpid(), shared, self._cpus, skip={loop_tid, poller_tid})
+        assert self._loop is not None
+        self._sweep_handle = self._loop.call_later(_SWEEP_SECONDS, self._sweep)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop taking calls; calls still running after ``grace`` seconds are cancelled."""
         loop = asyncio.get_running_loop()
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
         await loop.run_in_executor(None, self._edge.stop, float(grace or 0.0))
         self._on_events()
         loop.remove_reader(self._edge.fileno())
@@ -377,16 +411,18 @@ async def start_native_grpc_server(
     options: Sequence[tuple[str, Any]] = (),
     tls: TlsFiles | None = None,
     policy: Policy | None = None,
+    colocate: int = 0,
 ) -> tuple[NativeGrpcServer, int]:
     """Create, bind and start the native edge for ``service``; returns ``(server,
     bound_port)``. ``options`` are gRPC channel arguments (int or str values); ``tls`` the
-    server's certificate (plain when None); ``policy`` what is checked and recorded. Stop
-    with ``await server.stop(grace)``."""
+    server's certificate (plain when None); ``policy`` what is checked and recorded;
+    ``colocate`` lone calls in a row before the poller and this thread share a CPU (0:
+    never). Stop with ``await server.stop(grace)``."""
     server = NativeGrpcServer(GrpcHandlers(service, policy))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # SO_REUSEPORT off (gRPC C++ turns it on by default): a port clash is an error, as on aio.
     int_args = [("grpc.so_reuseport", 0)]
     int_args += [(k, int(v)) for k, v in options if not isinstance(v, str)]
     str_args = [(k, v) for k, v in options if isinstance(v, str)]
-    bound = server.start(address, int_args, str_args, tls)
+    bound = server.start(address, int_args, str_args, tls, colocate)
     return server, bound

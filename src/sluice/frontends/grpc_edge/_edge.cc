@@ -21,6 +21,13 @@
 //   operation). Operations are never started while a lock of ours is held.
 // - A call cancelled by the client, by its deadline or by shutdown has been answered by gRPC;
 //   Python hears of it (EV_CANCEL) to cancel its task, and a late answer finds no call.
+// - Co-location at low load (start()'s `colocate`, 0: never): while that many calls in a
+//   row each arrive with no other call in flight, the poller pins itself and the asyncio
+//   thread to the CPU it is on, so the two hand-offs of a call stay on one CPU (measured on
+//   the 2-vCPU VM: c=1 x1.11-1.27, bench/RESULTS.md); the first call that arrives while
+//   another is in flight gives both threads their CPUs back. The poller alone decides (it
+//   counts calls handed to Python and answered); colocation() tells Python which CPUs were
+//   used, so that threads and processes that inherited one are given theirs back.
 // - Copies: a received message of 64 KB or more is made contiguous on the gRPC thread that
 //   read it and reaches Python as a read-only memoryview over that memory (smaller ones as
 //   bytes); an answer is bytes or a list of buffers (the codec's parts, tensors included):
@@ -38,7 +45,9 @@
 #if defined(SLUICE_ABSL_SYNC)
 #include <absl/synchronization/mutex.h>
 #endif
+#include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -191,6 +200,56 @@ class Edge {
   }
 
   int efd_ = -1;
+
+  // --- co-location at low load (see the rules above) ---
+  int colocate_ = 0;              // lone calls in a row before co-locating; 0: never
+  pid_t loop_tid_ = 0;            // the thread that called start(): the asyncio loop's
+  std::atomic<pid_t> poller_tid_{0};  // the one poller (co-location needs exactly one)
+  std::atomic<int> active_{0};    // calls handed to Python and not yet answered
+  int lone_ = 0;                  // poller only: lone calls in a row
+  std::mutex cmu_;                // guards the three below for colocation()
+  int cpu_ = -1;                  // the shared CPU, -1: spread
+  std::vector<int> used_;         // CPUs shared since the last colocation()
+  cpu_set_t loop_mask_, poller_mask_;  // what they had before
+
+  static pid_t Tid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+  void Counted() {  // the poller handed a call to Python
+    int n = active_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (colocate_ == 0) return;
+    if (n > 1) {
+      lone_ = 0;
+      Spread();
+    } else if (lone_ < colocate_ && ++lone_ == colocate_) {
+      Together();
+    }
+  }
+
+  void Together() {  // poller
+    int cpu = sched_getcpu();
+    std::lock_guard<std::mutex> lk(cmu_);
+    if (cpu_ >= 0 || cpu < 0 || cpu >= CPU_SETSIZE) return;
+    if (sched_getaffinity(loop_tid_, sizeof loop_mask_, &loop_mask_) != 0 ||
+        sched_getaffinity(0, sizeof poller_mask_, &poller_mask_) != 0 ||
+        !CPU_ISSET(cpu, &loop_mask_))
+      return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(loop_tid_, sizeof one, &one) != 0) return;
+    sched_setaffinity(0, sizeof one, &one);
+    cpu_ = cpu;
+    used_.push_back(cpu);
+  }
+
+  void Spread() {  // poller, or stop() once the poller is gone
+    std::lock_guard<std::mutex> lk(cmu_);
+    if (cpu_ < 0) return;
+    sched_setaffinity(loop_tid_, sizeof loop_mask_, &loop_mask_);
+    sched_setaffinity(poller_tid_.load(), sizeof poller_mask_, &poller_mask_);
+    cpu_ = -1;
+  }
+
   std::unique_ptr<grpc::Server> server_;
   std::unordered_set<std::string> streaming_;
   std::vector<std::string> capture_;  // client metadata keys call_info() reports
@@ -316,6 +375,27 @@ class Call {
   bool finished_ = false;        // Finish / WriteAndFinish started
   bool finish_pending_ = false;  // finish once the writes drain
   bool done_ = false;            // gRPC is done with the call (finished or cancelled)
+  bool counted_ = false;         // in edge_->active_ (handed to Python, not yet answered)
+
+ public:
+  void Count() {  // poller: the call was handed to Python
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counted_ = true;
+    }
+    edge_->Counted();
+  }
+  void Uncount() {  // answered, or gRPC is done with it (e.g. cancelled): once
+    bool was;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      was = counted_;
+      counted_ = false;
+    }
+    if (was) edge_->active_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
   grpc::ByteBuffer last_;        // unary response, alive until its finish completes
   grpc::Status finish_status_;
 };
@@ -350,6 +430,8 @@ PyObject* Call::Info(const std::vector<std::string>& names) {
 }
 
 void Edge::Poll() {
+  pid_t none = 0;
+  poller_tid_.compare_exchange_strong(none, Tid());
   void* raw;
   bool ok;
   while (cq_->Next(&raw, &ok)) {
@@ -373,6 +455,7 @@ void Edge::StartReplies() {
     Call* call = Find(r.id);
     if (!call) continue;
     if (r.finish) {
+      call->Uncount();
       call->PyFinish(r.has_msg ? &r.msg : nullptr, r.status);
     } else {
       call->PyWrite(std::move(r.msg));
@@ -453,6 +536,7 @@ void Call::OnRead(bool ok) {
     ev.kind = EV_MESSAGE;
     ev.method.clear();
   }
+  if (first_) Count();
   first_ = false;
   Flatten(ev);
   edge_->Push(std::move(ev));
@@ -536,6 +620,7 @@ void Call::OnDone() {
     std::lock_guard<std::mutex> lk(mu_);
     done_ = true;
   }
+  Uncount();
   if (id_ != 0) {
     // A call cancelled by the client, its deadline or shutdown: gRPC has answered it
     // already; Python hears of it to cancel its work, and a late answer finds no call.
@@ -571,17 +656,20 @@ void PyEdge_dealloc(PyEdge* self) {
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
-// start(address, streaming_methods, int_args, str_args, max_message[, tls[, capture]])
-// -> bound port. tls: None (plain) or (server_key_pem, server_cert_pem, root_cert_pem,
-// mutual); capture: the client metadata keys call_info() reports.
+// start(address, streaming_methods, int_args, str_args, max_message[, tls[, capture[,
+// colocate]]]) -> bound port. tls: None (plain) or (server_key_pem, server_cert_pem,
+// root_cert_pem, mutual); capture: the client metadata keys call_info() reports; colocate:
+// lone calls in a row before the poller and the calling (asyncio) thread share a CPU, 0
+// never (nor with more than one poller or one CPU).
 PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   const char* address;
   PyObject *streaming, *int_args, *str_args;
   PyObject* tls = Py_None;
   PyObject* capture = Py_None;
   int max_message;
-  if (!PyArg_ParseTuple(args, "sOOOi|OO", &address, &streaming, &int_args, &str_args,
-                        &max_message, &tls, &capture))
+  int colocate = 0;
+  if (!PyArg_ParseTuple(args, "sOOOi|OOi", &address, &streaming, &int_args, &str_args,
+                        &max_message, &tls, &capture, &colocate))
     return nullptr;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (tls != Py_None) {
@@ -671,6 +759,11 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   const char* env = getenv("SLUICE_GRPC_EDGE_THREADS");
   int threads = env ? atoi(env) : 1;
   if (threads < 1) threads = 1;
+  cpu_set_t mask;
+  edge->loop_tid_ = Edge::Tid();
+  if (colocate > 0 && threads == 1 && sched_getaffinity(0, sizeof mask, &mask) == 0 &&
+      CPU_COUNT(&mask) > 1)
+    edge->colocate_ = colocate;
   for (int i = 0; i < 32; ++i) edge->Request();
   for (int i = 0; i < threads; ++i) edge->pollers_.emplace_back([edge] { edge->Poll(); });
   return PyLong_FromLong(port);
@@ -888,6 +981,7 @@ PyObject* PyEdge_stop(PyEdge* self, PyObject* args) {
   }
   edge->cq_->Shutdown();
   for (std::thread& t : edge->pollers_) t.join();
+  edge->Spread();
   edge->server_->Wait();
   Py_END_ALLOW_THREADS edge->ReleaseLent();
   Py_RETURN_NONE;
@@ -911,6 +1005,32 @@ PyObject* PyEdge_call_info(PyEdge* self, PyObject* args) {
   return out;
 }
 
+// colocation() -> (cpu, cpus, loop_tid, poller_tid): the CPU the poller and the asyncio
+// thread share now (-1: none), every CPU they shared since the last call, and the two
+// threads' ids (0: no poller yet)
+PyObject* PyEdge_colocation(PyEdge* self, PyObject*) {
+  Edge* edge = self->edge;
+  int cpu;
+  std::vector<int> used;
+  {
+    std::lock_guard<std::mutex> lk(edge->cmu_);
+    cpu = edge->cpu_;
+    used.swap(edge->used_);
+  }
+  PyObject* cpus = PyList_New(static_cast<Py_ssize_t>(used.size()));
+  if (!cpus) return nullptr;
+  for (size_t i = 0; i < used.size(); ++i) {
+    PyObject* v = PyLong_FromLong(used[i]);
+    if (!v) {
+      Py_DECREF(cpus);
+      return nullptr;
+    }
+    PyList_SET_ITEM(cpus, static_cast<Py_ssize_t>(i), v);
+  }
+  return Py_BuildValue("(iNll)", cpu, cpus, static_cast<long>(edge->loop_tid_),
+                       static_cast<long>(edge->poller_tid_.load()));
+}
+
 PyObject* PyEdge_pending(PyEdge* self, PyObject*) {
   std::lock_guard<std::mutex> lk(self->edge->tmu_);
   return PyLong_FromSize_t(self->edge->calls_.size());
@@ -918,7 +1038,8 @@ PyObject* PyEdge_pending(PyEdge* self, PyObject*) {
 
 PyMethodDef PyEdge_methods[] = {
     {"start", reinterpret_cast<PyCFunction>(PyEdge_start), METH_VARARGS,
-     "start(address, streaming_methods, int_args, str_args, max_message) -> port"},
+     "start(address, streaming_methods, int_args, str_args, max_message[, tls[, capture[, "
+     "colocate]]]) -> port"},
     {"fileno", reinterpret_cast<PyCFunction>(PyEdge_fileno), METH_NOARGS,
      "the eventfd that turns readable when events are pending"},
     {"drain", reinterpret_cast<PyCFunction>(PyEdge_drain), METH_NOARGS,
@@ -933,6 +1054,8 @@ PyMethodDef PyEdge_methods[] = {
      "hand the answers queued by write()/finish() to gRPC"},
     {"call_info", reinterpret_cast<PyCFunction>(PyEdge_call_info), METH_VARARGS,
      "call_info(id) -> (peer, {metadata key: value}) or None when the call is over"},
+    {"colocation", reinterpret_cast<PyCFunction>(PyEdge_colocation), METH_NOARGS,
+     "colocation() -> (shared cpu or -1, cpus shared since the last call, loop tid, poller tid)"},
     {"pending", reinterpret_cast<PyCFunction>(PyEdge_pending), METH_NOARGS,
      "number of calls gRPC has not finished with"},
     {nullptr, nullptr, 0, nullptr}};
