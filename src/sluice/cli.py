@@ -579,8 +579,8 @@ def _add_grpc_flags(p: argparse.ArgumentParser) -> None:
         default=64,
         metavar="CALLS",
         help="native gRPC edge: after this many calls in a row that each arrive with no other "
-        "in flight, its poller thread and the event loop's share one CPU, until a call overlaps "
-        "another (0: never; default 64)",
+        "in flight (messages under 64 KB), its poller thread and the event loop's share one CPU, "
+        "until a call overlaps another or a message is larger (0: never; default 64)",
     )
     for flag, (arg, kind) in GRPC_CHANNEL_FLAGS.items():
         p.add_argument(

@@ -235,12 +235,14 @@ def test_lone_calls_share_one_cpu_and_an_overlapping_call_spreads_them(
     """After --grpc-edge-colocate lone calls in a row, the event loop's thread (the main
     one) and the edge's poller are held to one CPU, and no other thread is; a call that
     arrives while another is in flight gives them the server's CPUs back before it is
-    answered; lone calls co-locate them again. Every answer is the right one."""
+    answered; lone calls co-locate them again, and a lone call with a large message spreads
+    them. Every answer is the right one."""
     repo = tmp_path / "repo"
     repo.mkdir()
     copy_example(repo, "add_sub")
     gate = tmp_path / "gate.open"
     gated_model(repo, "gated", gate)
+    identity(repo, "big", dtype="TYPE_UINT8", dims="[ -1 ]", max_batch_size=0)
     srv = start_server(repo, "--grpc-edge=native", "--grpc-edge-colocate=8")
     pid = srv.proc.pid
     base = frozenset(os.sched_getaffinity(pid))
@@ -285,6 +287,12 @@ def test_lone_calls_share_one_cpu_and_an_overlapping_call_spreads_them(
     lone_calls(8)
     again = _masks(pid)[pid]
     assert len(again) == 1 and again < base
+    # a message of 64 KB or more, alone, spreads them too (a second CPU pays for its copies)
+    data = np.arange(64 * 1024, dtype=np.uint8)
+    i = grpcclient.InferInput("INPUT0", [data.size], "UINT8")
+    i.set_data_from_numpy(data)
+    assert np.array_equal(c.infer("big", [i]).as_numpy("OUTPUT0"), data)
+    assert set(_masks(pid).values()) == {base}
     c.close()
 
 

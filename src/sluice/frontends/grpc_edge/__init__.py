@@ -17,8 +17,9 @@ Rules of this file:
 - A call cancelled by its client, its deadline or shutdown is finished CANCELLED by the
   extension; here its task is cancelled, so a queued request leaves its queue.
 - Co-location at low load (``colocate``, ``--grpc-edge-colocate``): while calls arrive one
-  at a time, the extension's poller and this loop's thread share one CPU, and spread out
-  again at the first call that overlaps another; every second this side gives threads and
+  at a time with messages under 64 KB, the extension's poller and this loop's thread share
+  one CPU, and spread out again at the first call that overlaps another or a larger
+  message; every second this side gives threads and
   processes that inherited the shared CPU theirs back (``host.affinity``).
 - Where the extension is not built, ``IMPORT_ERROR`` says why and the server falls back to
   ``grpc.aio`` (``server.py``).

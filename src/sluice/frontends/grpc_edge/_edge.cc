@@ -24,8 +24,9 @@
 // - Co-location at low load (start()'s `colocate`, 0: never): while that many calls in a
 //   row each arrive with no other call in flight, the poller pins itself and the asyncio
 //   thread to the CPU it is on, so the two hand-offs of a call stay on one CPU (measured on
-//   the 2-vCPU VM: c=1 x1.11-1.27, bench/RESULTS.md); the first call that arrives while
-//   another is in flight gives both threads their CPUs back. The poller alone decides (it
+//   the 2-vCPU VM: c=1 x1.16-1.40, bench/RESULTS.md); the first call that arrives while
+//   another is in flight, or a message of kFlatMin bytes or more either way, gives both
+//   threads their CPUs back. The poller alone decides (it
 //   counts calls handed to Python and answered); colocation() tells Python which CPUs were
 //   used, so that threads and processes that inherited one are given theirs back.
 // - Copies: a received message of 64 KB or more is made contiguous on the gRPC thread that
@@ -214,15 +215,22 @@ class Edge {
 
   static pid_t Tid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
-  void Counted() {  // the poller handed a call to Python
+  void Counted(size_t bytes) {  // the poller handed a call to Python, its message this big
     int n = active_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (colocate_ == 0) return;
-    if (n > 1) {
-      lone_ = 0;
-      Spread();
+    if (n > 1 || bytes >= kFlatMin) {
+      Large();
     } else if (lone_ < colocate_ && ++lone_ == colocate_) {
       Together();
     }
+  }
+
+  // A call overlapped another, or a message of kFlatMin bytes or more went either way: the
+  // second CPU pays for itself there (the 602 KB echo at c=1 ran x0.77-0.84 co-located).
+  void Large() {  // poller
+    if (colocate_ == 0) return;
+    lone_ = 0;
+    Spread();
   }
 
   void Together() {  // poller
@@ -378,12 +386,12 @@ class Call {
   bool counted_ = false;         // in edge_->active_ (handed to Python, not yet answered)
 
  public:
-  void Count() {  // poller: the call was handed to Python
+  void Count(size_t bytes) {  // poller: the call was handed to Python
     {
       std::lock_guard<std::mutex> lk(mu_);
       counted_ = true;
     }
-    edge_->Counted();
+    edge_->Counted(bytes);
   }
   void Uncount() {  // answered, or gRPC is done with it (e.g. cancelled): once
     bool was;
@@ -454,6 +462,7 @@ void Edge::StartReplies() {
   for (Reply& r : batch) {
     Call* call = Find(r.id);
     if (!call) continue;
+    if (r.has_msg && r.msg.Length() >= kFlatMin) Large();
     if (r.finish) {
       call->Uncount();
       call->PyFinish(r.has_msg ? &r.msg : nullptr, r.status);
@@ -536,7 +545,11 @@ void Call::OnRead(bool ok) {
     ev.kind = EV_MESSAGE;
     ev.method.clear();
   }
-  if (first_) Count();
+  if (first_) {
+    Count(ev.payload.Length());
+  } else if (ev.payload.Length() >= kFlatMin) {
+    edge_->Large();
+  }
   first_ = false;
   Flatten(ev);
   edge_->Push(std::move(ev));
