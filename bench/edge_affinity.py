@@ -13,8 +13,10 @@ ratios per concurrency.
 Over gRPC a request crosses between two threads of the server process twice (the edge's
 poller hands it to the event loop; the loop hands the answer back); over HTTP the loop's
 thread does all of it. A ratio above 1 at a concurrency says those crossings cost more, on
-this machine, than the second CPU gives there. It is a measurement, not a setting: sluice
-never pins itself. Needs ../shared/bench-peers/setup.sh (perf_analyzer).
+this machine, than the second CPU gives there. Both servers run with
+``--grpc-edge-colocate=0``: the edge's own co-location at low load (which this measurement
+led to) would otherwise pin the free one at c=1 too. Needs ../shared/bench-peers/setup.sh
+(perf_analyzer).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def main() -> int:
                 root / f"{name}.log",
                 "--model-control-mode=explicit",
                 f"--load-model={MODEL}",
+                "--grpc-edge-colocate=0",
                 env=SERVER_ENV,
                 name=name,
             )

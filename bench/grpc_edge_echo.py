@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,9 @@ from sluice.protocol.datatypes import config_to_kserve
 
 
 class EchoService:
+    tracer = SimpleNamespace(on=False)  # what GrpcHandlers reads of the trace extension
+    config = SimpleNamespace(traffic_follows_readiness=False)
+
     def __init__(self, repo: Path) -> None:
         self.configs: dict[str, mc.ModelConfig] = {}
         for path in sorted(repo.glob("*/config.pbtxt")):
@@ -45,16 +49,22 @@ class EchoService:
     def ready(self) -> bool:
         return True
 
+    async def ready_checked(self) -> bool:
+        return True
+
     def model_ready(self, name: str, version: str = "") -> bool:
+        return name in self.configs
+
+    async def model_ready_checked(self, name: str, version: str = "") -> bool:
         return name in self.configs
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "echo", "version": "0", "extensions": []}
 
-    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+    async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.configs[name]
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         cfg = self.configs[name]
         batch = [-1] if cfg.max_batch_size > 0 else []
 
@@ -101,6 +111,13 @@ class EchoHandlers(GrpcHandlers):
             resp = pb.ModelInferResponse(resp)
             resp.id = request.id
         return resp
+
+    # the native edge's ModelInfer: the request parsed by protobuf, the answer as one part
+    def read_model_infer(self, payload: Any, received_ns: int = 0) -> Any:
+        return pb.ModelInferRequest.FromString(bytes(payload))
+
+    async def model_infer_parts(self, request: Any) -> list[bytes | memoryview]:
+        return [(await self.ModelInfer(request)).SerializeToString()]
 
 
 async def _http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

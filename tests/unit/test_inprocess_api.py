@@ -11,6 +11,7 @@ import sluice.api
 from sluice.api.errors import from_server_error
 from sluice.api.settings import TRITON_NAMES, _flags, config_from_settings
 from sluice.api.tensor import Tensor, as_input
+from sluice.cli import serve_config
 from sluice.errors import InvalidArgument, Overloaded, ServerError, Status
 
 
@@ -47,6 +48,11 @@ def test_settings_values(tmp_path):
     assert cfg.allow_cpu_metrics is False and cfg.http_port == 0
     assert cfg.rate_limit == "execution_count"
     assert cfg.trace_config == (("", "level", "TIMESTAMPS"), ("", "rate", "10"))
+    # the caller's loop thread is not held to one CPU unless asked (sluice serve's default: 64)
+    assert cfg.grpc_edge_colocate == 0
+    assert serve_config(["--model-repository", str(tmp_path)]).grpc_edge_colocate == 64
+    asked = {"model_repository": tmp_path, "grpc_edge_colocate": 16}
+    assert config_from_settings(asked).grpc_edge_colocate == 16
     with pytest.raises(sluice.InvalidArgumentError, match="takes one value"):
         config_from_settings({"model_repository": tmp_path, "http_port": [1, 2]})
     with pytest.raises(sluice.InvalidArgumentError, match="expected True or False"):

@@ -12,6 +12,9 @@ Rules of this file:
   ``disable_auto_complete_config``, True gives it); a list or tuple gives a repeatable flag
   once per item; a dict gives ``<key>,<setting>=<value>`` items (``backend_config``,
   ``cache_config``); anything else is passed as ``str(value)`` (paths, numbers).
+- One default differs from ``sluice serve``'s: ``grpc_edge_colocate`` is 0 unless given (the
+  server's loop may be the caller's own, whose thread the native gRPC edge would otherwise
+  hold to one CPU at low load).
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ def config_from_settings(settings: Mapping[str, Any]) -> ServerConfig:
         if not isinstance(action, argparse._AppendAction) and len(items) != 1:
             raise InvalidArgumentError(f"setting '{given}' ({flag}) takes one value, got {value!r}")
         argv += [f"{flag}={item}" for item in items]
+    if "grpc_edge_colocate" not in seen:  # the loop may be the caller's: not pinned unasked
+        argv.append("--grpc-edge-colocate=0")
     try:
         return serve_config(argv)
     except ValueError as exc:
