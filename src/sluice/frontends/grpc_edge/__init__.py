@@ -19,8 +19,8 @@ Rules of this file:
 - Co-location at low load (``colocate``, ``--grpc-edge-colocate``): while calls arrive one
   at a time with messages under 64 KB, the extension's poller and this loop's thread share
   one CPU, and spread out again at the first call that overlaps another or a larger
-  message; every second this side gives threads and
-  processes that inherited the shared CPU theirs back (``host.affinity``).
+  message; every second this side gives threads and processes that inherited the shared
+  CPU theirs back (``host.affinity``).
 - Where the extension is not built, ``IMPORT_ERROR`` says why and the server falls back to
   ``grpc.aio`` (``server.py``).
 
@@ -225,12 +225,6 @@ class NativeGrpcServer:
             self._cpus = os.sched_getaffinity(0)
             self._sweep_handle = self._loop.call_later(_SWEEP_SECONDS, self._sweep)
         return port
-
-    def colocation(self) -> tuple[int, int, int]:
-        """``(cpu, loop_tid, poller_tid)``: the CPU the edge's poller and the loop's thread
-        share now (-1: none) and the two threads' ids."""
-        cpu, _used, loop_tid, poller_tid = self._edge.colocation()
-        return cpu, loop_tid, poller_tid
 
     def _sweep(self) -> None:
         """Give the server's CPUs back to threads and processes that inherited a shared one

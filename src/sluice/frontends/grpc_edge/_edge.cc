@@ -26,9 +26,9 @@
 //   thread to the CPU it is on, so the two hand-offs of a call stay on one CPU (measured on
 //   the 2-vCPU VM: c=1 x1.16-1.40, bench/RESULTS.md); the first call that arrives while
 //   another is in flight, or a message of kFlatMin bytes or more either way, gives both
-//   threads their CPUs back. The poller alone decides (it
-//   counts calls handed to Python and answered); colocation() tells Python which CPUs were
-//   used, so that threads and processes that inherited one are given theirs back.
+//   threads their CPUs back. The poller alone decides (it counts calls handed to Python and
+//   answered); colocation() tells Python which CPUs were used, so that threads and
+//   processes that inherited one are given theirs back.
 // - Copies: a received message of 64 KB or more is made contiguous on the gRPC thread that
 //   read it and reaches Python as a read-only memoryview over that memory (smaller ones as
 //   bytes); an answer is bytes or a list of buffers (the codec's parts, tensors included):
