@@ -203,6 +203,8 @@ class NativeGrpcServer:
         returns the bound port. ``colocate``: lone calls in a row before the poller and this
         thread share a CPU (0: never)."""
         self._loop = asyncio.get_running_loop()
+        if not hasattr(os, "sched_getaffinity"):  # no CPU affinity here: never co-located
+            colocate = 0
         pems = None if tls is None else tls_pems(tls)
         capture = self._guard.grpc_headers if self._guard is not None else ()
         try:
@@ -215,13 +217,13 @@ class NativeGrpcServer:
                     MAX_MESSAGE_BYTES,
                     pems,
                     list(capture),
-                    colocate if hasattr(os, "sched_getaffinity") else 0,
+                    colocate,
                 )
             )
         except OSError as exc:
             raise ServerError(str(exc), Status.UNAVAILABLE) from exc
         self._loop.add_reader(self._edge.fileno(), self._on_events)
-        if colocate > 0 and hasattr(os, "sched_getaffinity"):
+        if colocate > 0:
             self._cpus = os.sched_getaffinity(0)
             self._sweep_handle = self._loop.call_later(_SWEEP_SECONDS, self._sweep)
         return port

@@ -217,7 +217,6 @@ class Edge {
 
   void Counted(size_t bytes) {  // the poller handed a call to Python, its message this big
     int n = active_.fetch_add(1, std::memory_order_relaxed) + 1;
-    if (colocate_ == 0) return;
     if (n > 1 || bytes >= kFlatMin) {
       Large();
     } else if (lone_ < colocate_ && ++lone_ == colocate_) {
@@ -227,8 +226,7 @@ class Edge {
 
   // A call overlapped another, or a message of kFlatMin bytes or more went either way: the
   // second CPU pays for itself there (the 602 KB echo at c=1 ran x0.77-0.84 co-located).
-  void Large() {  // poller
-    if (colocate_ == 0) return;
+  void Large() {  // poller, with colocate_ set
     lone_ = 0;
     Spread();
   }
@@ -383,24 +381,18 @@ class Call {
   bool finished_ = false;        // Finish / WriteAndFinish started
   bool finish_pending_ = false;  // finish once the writes drain
   bool done_ = false;            // gRPC is done with the call (finished or cancelled)
-  bool counted_ = false;         // in edge_->active_ (handed to Python, not yet answered)
+  std::atomic<bool> counted_{false};  // in edge_->active_ (handed to Python, not answered)
 
  public:
-  void Count(size_t bytes) {  // poller: the call was handed to Python
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      counted_ = true;
-    }
+  // Co-location's count (only with edge_->colocate_ set): Count when the poller hands the
+  // call to Python, Uncount once when it is answered or gRPC is done with it (cancelled).
+  void Count(size_t bytes) {
+    counted_.store(true, std::memory_order_relaxed);
     edge_->Counted(bytes);
   }
-  void Uncount() {  // answered, or gRPC is done with it (e.g. cancelled): once
-    bool was;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      was = counted_;
-      counted_ = false;
-    }
-    if (was) edge_->active_.fetch_sub(1, std::memory_order_relaxed);
+  void Uncount() {
+    if (counted_.exchange(false, std::memory_order_relaxed))
+      edge_->active_.fetch_sub(1, std::memory_order_relaxed);
   }
 
  private:
@@ -462,7 +454,7 @@ void Edge::StartReplies() {
   for (Reply& r : batch) {
     Call* call = Find(r.id);
     if (!call) continue;
-    if (r.has_msg && r.msg.Length() >= kFlatMin) Large();
+    if (colocate_ != 0 && r.has_msg && r.msg.Length() >= kFlatMin) Large();
     if (r.finish) {
       call->Uncount();
       call->PyFinish(r.has_msg ? &r.msg : nullptr, r.status);
@@ -545,10 +537,12 @@ void Call::OnRead(bool ok) {
     ev.kind = EV_MESSAGE;
     ev.method.clear();
   }
-  if (first_) {
-    Count(ev.payload.Length());
-  } else if (ev.payload.Length() >= kFlatMin) {
-    edge_->Large();
+  if (edge_->colocate_ != 0) {
+    if (first_) {
+      Count(ev.payload.Length());
+    } else if (ev.payload.Length() >= kFlatMin) {
+      edge_->Large();
+    }
   }
   first_ = false;
   Flatten(ev);
