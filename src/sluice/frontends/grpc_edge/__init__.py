@@ -21,6 +21,9 @@ Rules of this file:
   one CPU, and spread out again at the first call that overlaps another or a larger
   message; every second this side gives threads and processes that inherited the shared
   CPU theirs back (``host.affinity``).
+- ``ModelInfer``, the per-request path, is registered with gRPC by name: gRPC reads its
+  message with the call, one completion-queue round fewer a call than the generic service
+  that takes every other path (and an unknown one, answered UNIMPLEMENTED here).
 - Where the extension is not built, ``IMPORT_ERROR`` says why and the server falls back to
   ``grpc.aio`` (``server.py``).
 
@@ -182,6 +185,9 @@ class NativeGrpcServer:
         for name, op in operation_methods(handlers).items():  # JSON bytes in and out
             self._unary[f"/{OPERATIONS_SERVICE}/{name}"] = (name, _raw, op, _as_is)
         self._stream_path = f"/{SERVICE_NAME}/{STREAM_METHOD}"
+        # registered with gRPC by name, so that a call arrives with its message (one
+        # completion a call fewer than the generic service's separate read)
+        self._infer_path = f"/{SERVICE_NAME}/ModelInfer"
         self._calls: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, _Stream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,6 +224,7 @@ class NativeGrpcServer:
                     pems,
                     list(capture),
                     colocate,
+                    [self._infer_path],
                 )
             )
         except OSError as exc:

@@ -43,6 +43,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/alarm.h>
+#include <grpcpp/impl/service_type.h>
+#include <grpcpp/support/async_unary_call.h>
 #if defined(SLUICE_ABSL_SYNC)
 #include <absl/synchronization/mutex.h>
 #endif
@@ -60,6 +62,7 @@
 #include <condition_variable>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -141,6 +144,31 @@ struct Tag {
   OpKind op;
 };
 
+// The unary methods registered by name (start()'s `raw`): gRPC reads such a call's one
+// message before it hands the call over, so it arrives with its message in one completion
+// (the generic service takes a second operation, a Read, for it). Their bytes are not
+// parsed here either: they are "raw" methods, a ByteBuffer in and out.
+class RawService : public grpc::Service {
+ public:
+  explicit RawService(std::vector<std::string> names) : names_(std::move(names)) {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      AddMethod(new grpc::internal::RpcServiceMethod(
+          names_[i].c_str(), grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+      MarkMethodRaw(static_cast<int>(i));
+    }
+  }
+  void Request(int index, grpc::ServerContext* ctx, grpc::ByteBuffer* in,
+               grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* out,
+               grpc::ServerCompletionQueue* cq, void* tag) {
+    RequestAsyncUnary(index, ctx, in, out, cq, cq, tag);
+  }
+  const std::string& name(int index) const { return names_[static_cast<size_t>(index)]; }
+  size_t size() const { return names_.size(); }
+
+ private:
+  std::vector<std::string> names_;  // RpcServiceMethod keeps pointers into these
+};
+
 class Edge {
  public:
   Edge() { efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
@@ -150,10 +178,11 @@ class Edge {
 
   // --- the completion queue and its threads ---
   grpc::AsyncGenericService service_;
+  std::unique_ptr<RawService> raw_;  // the unary methods registered by name, if any
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::vector<std::thread> pollers_;
   void Poll();
-  void Request();  // post one more "accept a call"
+  void Request(int raw);  // post one more "accept a call": raw_'s method `raw`, -1: generic
 
   // --- answers from Python: queued, then one alarm wakes a poller to start them ---
   std::mutex rmu_;
@@ -312,7 +341,19 @@ class Edge {
 // Python-side lookup (for one operation).
 class Call {
  public:
-  explicit Call(Edge* edge) : edge_(edge), stream_(&ctx_) {}
+  // raw: an index into edge->raw_ (a unary method gRPC reads the message of), -1: any other
+  // method, through the generic service.
+  Call(Edge* edge, int raw) : edge_(edge), raw_(raw) {
+    if (raw_ < 0) {
+      gctx_.emplace();
+      stream_.emplace(&*gctx_);
+      ctx_ = &*gctx_;
+    } else {
+      rctx_.emplace();
+      responder_.emplace(&*rctx_);
+      ctx_ = &*rctx_;
+    }
+  }
 
   void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
   void Unref() {
@@ -322,9 +363,13 @@ class Call {
   void Post() {  // wait for the next call gRPC accepts
     Ref();  // the OP_REQUEST in flight
     Ref();  // OP_DONE, armed before the call starts (gRPC's rule)
-    ctx_.AsyncNotifyWhenDone(&done_tag_);
-    edge_->service_.RequestCall(&ctx_, &stream_, edge_->cq_.get(), edge_->cq_.get(),
-                                &request_tag_);
+    ctx_->AsyncNotifyWhenDone(&done_tag_);
+    if (raw_ < 0) {
+      edge_->service_.RequestCall(&*gctx_, &*stream_, edge_->cq_.get(), edge_->cq_.get(),
+                                  &request_tag_);
+    } else {
+      edge_->raw_->Request(raw_, &*rctx_, &in_, &*responder_, edge_->cq_.get(), &request_tag_);
+    }
   }
 
   void OnEvent(OpKind op, bool ok);
@@ -345,24 +390,41 @@ class Call {
   void OnDone();
   void StartRead() {
     Ref();
-    stream_.Read(&in_, &read_tag_);
+    stream_->Read(&in_, &read_tag_);
   }
   void StartWrite(grpc::ByteBuffer* msg) {
     Ref();
-    stream_.Write(*msg, &write_tag_);
+    stream_->Write(*msg, &write_tag_);
   }
   void StartFinish(grpc::ByteBuffer* msg, const grpc::Status& status) {
     Ref();
-    if (msg != nullptr) {
-      stream_.WriteAndFinish(*msg, grpc::WriteOptions(), status, &finish_tag_);
+    if (raw_ >= 0) {  // unary: an answer, or an error status alone
+      if (msg != nullptr) {
+        responder_->Finish(*msg, status, &finish_tag_);
+      } else if (!status.ok()) {
+        responder_->FinishWithError(status, &finish_tag_);
+      } else {  // OK without a message is not a unary answer
+        responder_->FinishWithError(
+            grpc::Status(grpc::StatusCode::INTERNAL, "no response message"), &finish_tag_);
+      }
+    } else if (msg != nullptr) {
+      stream_->WriteAndFinish(*msg, grpc::WriteOptions(), status, &finish_tag_);
     } else {
-      stream_.Finish(status, &finish_tag_);
+      stream_->Finish(status, &finish_tag_);
     }
   }
 
+  const std::string& Method() const {
+    return raw_ < 0 ? gctx_->method() : edge_->raw_->name(raw_);
+  }
+
   Edge* edge_;
-  grpc::GenericServerContext ctx_;
-  grpc::GenericServerAsyncReaderWriter stream_;
+  int raw_;
+  grpc::ServerContext* ctx_ = nullptr;  // one of the two below
+  std::optional<grpc::GenericServerContext> gctx_;
+  std::optional<grpc::GenericServerAsyncReaderWriter> stream_;
+  std::optional<grpc::ServerContext> rctx_;
+  std::optional<grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>> responder_;
   Tag request_tag_{this, OP_REQUEST};
   Tag read_tag_{this, OP_READ};
   Tag write_tag_{this, OP_WRITE};
@@ -408,12 +470,12 @@ Call* Edge::Find(uint64_t id) {
   return it->second;
 }
 
-void Edge::Request() { (new Call(this))->Post(); }
+void Edge::Request(int raw) { (new Call(this, raw))->Post(); }
 
 PyObject* Call::Info(const std::vector<std::string>& names) {
   PyObject* meta = PyDict_New();
   if (!meta) return nullptr;
-  const auto& md = ctx_.client_metadata();
+  const auto& md = ctx_->client_metadata();
   for (const std::string& name : names) {
     auto it = md.find(grpc::string_ref(name));
     if (it == md.end()) continue;
@@ -425,7 +487,7 @@ PyObject* Call::Info(const std::vector<std::string>& names) {
     }
     Py_DECREF(v);
   }
-  std::string peer = ctx_.peer();
+  std::string peer = ctx_->peer();
   return Py_BuildValue("(s#N)", peer.data(), static_cast<Py_ssize_t>(peer.size()), meta);
 }
 
@@ -492,15 +554,19 @@ void Call::OnRequest(bool ok) {
     Unref();
     return;
   }
-  if (!edge_->stopping_.load(std::memory_order_relaxed)) edge_->Request();
+  if (!edge_->stopping_.load(std::memory_order_relaxed)) edge_->Request(raw_);
   id_ = edge_->next_id_.fetch_add(1, std::memory_order_relaxed);
-  streaming_ = edge_->streaming_.count(ctx_.method()) > 0;
+  streaming_ = raw_ < 0 && edge_->streaming_.count(gctx_->method()) > 0;
   {
     std::lock_guard<std::mutex> lk(edge_->tmu_);
     edge_->calls_.emplace(id_, this);
   }
   Ref();  // the table's
-  StartRead();
+  if (raw_ >= 0) {
+    OnRead(true);  // gRPC read the message with the call
+  } else {
+    StartRead();
+  }
 }
 
 void Call::OnRead(bool ok) {
@@ -511,7 +577,7 @@ void Call::OnRead(bool ok) {
     }
     if (streaming_) {  // a stream closed before its first message: nothing for Python yet
       first_ = false;
-      edge_->Push(Event{id_, EV_CALL, ctx_.method(), {}});
+      edge_->Push(Event{id_, EV_CALL, Method(), {}});
       edge_->Push(Event{id_, EV_HALF_CLOSE, {}, {}});
       return;
     }
@@ -528,12 +594,12 @@ void Call::OnRead(bool ok) {
     std::lock_guard<std::mutex> lk(mu_);
     if (done_) return;  // cancelled while its message arrived: Python need not start it
   }
-  Event ev{id_, first_ ? EV_CALL : EV_MESSAGE, first_ ? ctx_.method() : std::string(), {}};
+  Event ev{id_, first_ ? EV_CALL : EV_MESSAGE, first_ ? Method() : std::string(), {}};
   ev.received_ns = MonotonicNs();
   ev.payload.Swap(&in_);
   if (streaming_ && first_) {
     // Open the stream in Python first, then hand over its first message.
-    edge_->Push(Event{id_, EV_CALL, ctx_.method(), {}});
+    edge_->Push(Event{id_, EV_CALL, Method(), {}});
     ev.kind = EV_MESSAGE;
     ev.method.clear();
   }
@@ -622,7 +688,7 @@ void Call::PyFinish(grpc::ByteBuffer* msg, grpc::Status status) {
 }
 
 void Call::OnDone() {
-  bool cancelled = ctx_.IsCancelled();
+  bool cancelled = ctx_->IsCancelled();
   {
     std::lock_guard<std::mutex> lk(mu_);
     done_ = true;
@@ -664,10 +730,11 @@ void PyEdge_dealloc(PyEdge* self) {
 }
 
 // start(address, streaming_methods, int_args, str_args, max_message[, tls[, capture[,
-// colocate]]]) -> bound port. tls: None (plain) or (server_key_pem, server_cert_pem,
+// colocate[, raw]]]]) -> bound port. tls: None (plain) or (server_key_pem, server_cert_pem,
 // root_cert_pem, mutual); capture: the client metadata keys call_info() reports; colocate:
 // lone calls in a row before the poller and the calling (asyncio) thread share a CPU, 0
-// never (nor with more than one poller or one CPU).
+// never (nor with more than one poller or one CPU); raw: unary method paths gRPC is to read
+// the message of before handing the call over (RawService), every other path is generic.
 PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   const char* address;
   PyObject *streaming, *int_args, *str_args;
@@ -675,8 +742,9 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   PyObject* capture = Py_None;
   int max_message;
   int colocate = 0;
-  if (!PyArg_ParseTuple(args, "sOOOi|OOi", &address, &streaming, &int_args, &str_args,
-                        &max_message, &tls, &capture, &colocate))
+  PyObject* raw = Py_None;
+  if (!PyArg_ParseTuple(args, "sOOOi|OOiO", &address, &streaming, &int_args, &str_args,
+                        &max_message, &tls, &capture, &colocate, &raw))
     return nullptr;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (tls != Py_None) {
@@ -724,6 +792,29 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
     if (PyErr_Occurred()) return nullptr;
   }
 
+  std::vector<std::string> raw_names;
+  if (raw != Py_None) {
+    PyObject* rit = PyObject_GetIter(raw);
+    if (!rit) return nullptr;
+    for (PyObject* item; (item = PyIter_Next(rit));) {
+      const char* s = PyUnicode_AsUTF8(item);
+      if (s) raw_names.emplace_back(s);
+      Py_DECREF(item);
+      if (!s) {
+        Py_DECREF(rit);
+        return nullptr;
+      }
+    }
+    Py_DECREF(rit);
+    if (PyErr_Occurred()) return nullptr;
+  }
+  for (const std::string& name : raw_names) {
+    if (edge->streaming_.count(name) > 0) {
+      PyErr_Format(PyExc_ValueError, "%s: a streaming method cannot be raw", name.c_str());
+      return nullptr;
+    }
+  }
+
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
@@ -755,6 +846,10 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   int port = 0;
   builder.AddListeningPort(address, creds, &port);
   builder.RegisterAsyncGenericService(&edge->service_);
+  if (!raw_names.empty()) {
+    edge->raw_ = std::make_unique<RawService>(std::move(raw_names));
+    builder.RegisterService(edge->raw_.get());
+  }
   edge->cq_ = builder.AddCompletionQueue();
   std::unique_ptr<grpc::Server> server;
   Py_BEGIN_ALLOW_THREADS server = builder.BuildAndStart();
@@ -771,7 +866,12 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
   if (colocate > 0 && threads == 1 && sched_getaffinity(0, sizeof mask, &mask) == 0 &&
       CPU_COUNT(&mask) > 1)
     edge->colocate_ = colocate;
-  for (int i = 0; i < 32; ++i) edge->Request();
+  for (int i = 0; i < 32; ++i) edge->Request(-1);
+  if (edge->raw_) {
+    for (size_t m = 0; m < edge->raw_->size(); ++m) {
+      for (int i = 0; i < 32; ++i) edge->Request(static_cast<int>(m));
+    }
+  }
   for (int i = 0; i < threads; ++i) edge->pollers_.emplace_back([edge] { edge->Poll(); });
   return PyLong_FromLong(port);
 }
