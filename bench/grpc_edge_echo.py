@@ -108,8 +108,10 @@ class EchoHandlers(GrpcHandlers):
     async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         resp = self.responses[request.model_name]
         if request.id:
-            resp = pb.ModelInferResponse(resp)
-            resp.id = request.id
+            copy = pb.ModelInferResponse()
+            copy.CopyFrom(resp)
+            copy.id = request.id
+            resp = copy
         return resp
 
     # the native edge's ModelInfer: the request parsed by protobuf, the answer as one part
@@ -154,15 +156,17 @@ async def main() -> None:
         from sluice.frontends.grpc_edge import NativeGrpcServer
 
         server = NativeGrpcServer(handlers)
-        server.start(f"{ns.host}:{ns.grpc_port}")
+        grpc_port = server.start(f"{ns.host}:{ns.grpc_port}")
     else:
-        server, _ = await start_grpc_server(
+        server, grpc_port = await start_grpc_server(
             service,  # type: ignore[arg-type]
             ns.host,
             ns.grpc_port,
             handlers=handlers,
         )
     http = await asyncio.start_server(_http, ns.host, ns.http_port)
+    http_port = http.sockets[0].getsockname()[1]
+    print(f"echo: grpc {grpc_port} http {http_port}", flush=True)  # ports 0: the bound ones
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
