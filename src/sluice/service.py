@@ -270,6 +270,11 @@ class InferenceService:
         finally:
             self._left()
 
+    @property
+    def inflight(self) -> int:
+        """Inference requests in flight through this service, every front-end's."""
+        return self._inflight
+
     def _left(self) -> None:
         self._inflight -= 1
         if self._idle is not None and self._inflight == 0:

@@ -13,10 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from sluice.frontends.grpc_edge import native_edge
-from tests.e2e.helpers import grpc_client, grpc_fp32_inputs, grpc_status, pending, wait_until
+from tests.e2e.helpers import (
+    grpc_client,
+    grpc_fp32_inputs,
+    grpc_status,
+    http_client,
+    pending,
+    wait_until,
+)
 from tests.zoo import copy_example, gated_model, identity, sleep_model
 
 pytestmark = [
@@ -305,6 +313,55 @@ def test_lone_calls_share_one_cpu_and_an_overlapping_call_spreads_them(
     assert np.array_equal(c.infer("big", [i]).as_numpy("OUTPUT0"), data)
     assert _masks(pid)[pid] == base
     _wait_all(pid, base)
+    c.close()
+
+
+@_TWO_CPUS
+def test_http_in_flight_keeps_the_threads_spread(tmp_path: Path, start_server):
+    """Co-location is for a server whose only inference is lone gRPC calls: while an HTTP
+    request is in flight, a gRPC call gives the co-located threads their CPUs back before it
+    is answered and lone calls do not pin them again; once it is answered they do."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_example(repo, "add_sub")
+    gate = tmp_path / "gate.open"
+    gated_model(repo, "gated", gate)
+    srv = start_server(repo, "--grpc-edge=native", "--grpc-edge-colocate=8")
+    pid = srv.proc.pid
+    base = frozenset(os.sched_getaffinity(pid))
+    c = grpc_client(srv)
+
+    def lone_calls(n: int) -> None:
+        for k in range(n):
+            r = c.infer("add_sub", _add_sub(k, 3))
+            assert r.as_numpy("OUTPUT0")[0, 0] == k + 3 and r.as_numpy("OUTPUT1")[0, 0] == k - 3
+
+    lone_calls(8)
+    shared = _masks(pid)[pid]
+    assert len(shared) == 1 and shared < base
+
+    box: dict = {}
+
+    def held() -> None:
+        i = httpclient.InferInput("INPUT", [1], "FP32")
+        i.set_data_from_numpy(np.array([5.0], np.float32))
+        box["r"] = http_client(srv, timeout=60).infer("gated", [i])
+
+    t = threading.Thread(target=held)
+    t.start()
+    try:
+        wait_until(lambda: pending(srv, "gated") == 1, interval=0.02, what="the HTTP request")
+        lone_calls(1)
+        assert _masks(pid)[pid] == base  # given back before that call was answered
+        lone_calls(20)  # lone gRPC calls, but the loop is not the edge's alone
+        assert set(_masks(pid).values()) == {base}
+    finally:
+        gate.touch()
+    t.join(30)
+    assert box["r"].as_numpy("OUTPUT").tolist() == [5.0]
+    lone_calls(9)  # the first of them may still see the HTTP request; then eight alone
+    again = _masks(pid)[pid]
+    assert len(again) == 1 and again < base
     c.close()
 
 

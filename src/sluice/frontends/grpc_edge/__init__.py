@@ -19,7 +19,8 @@ Rules of this file:
 - Co-location at low load (``colocate``, ``--grpc-edge-colocate``): while calls arrive one
   at a time with messages under 64 KB, the extension's poller and this loop's thread share
   one CPU, and spread out again at the first call that overlaps another or a larger
-  message; every second this side gives threads and processes that inherited the shared
+  message, or while other inference (HTTP, in-process) is in flight (``_tell_others``, at
+  each wake-up and each sweep); every second this side gives threads and processes that inherited the shared
   CPU theirs back (``host.affinity``).
 - ``ModelInfer``, the per-request path, is registered with gRPC by name: gRPC reads its
   message with the call, one completion-queue round fewer a call than the generic service
@@ -195,6 +196,8 @@ class NativeGrpcServer:
         self._policy = handlers.policy  # None: nothing checked or recorded (one test per call)
         self._guard = None if self._policy is None else self._policy.guard
         self._cpus: set[int] = set()  # the loop thread's CPUs before any co-location
+        self._colocating = False
+        self._others = False  # what the edge was last told of other inference in flight
         self._sweep_handle: asyncio.TimerHandle | None = None
 
     def start(
@@ -231,6 +234,7 @@ class NativeGrpcServer:
             raise ServerError(str(exc), Status.UNAVAILABLE) from exc
         self._loop.add_reader(self._edge.fileno(), self._on_events)
         if colocate > 0:
+            self._colocating = True
             self._cpus = os.sched_getaffinity(0)
             self._sweep_handle = self._loop.call_later(_SWEEP_SECONDS, self._sweep)
         return port
@@ -238,6 +242,7 @@ class NativeGrpcServer:
     def _sweep(self) -> None:
         """Give the server's CPUs back to threads and processes that inherited a shared one
         (``host.affinity``); once a second, while the edge serves."""
+        self._tell_others()
         cpu, used, loop_tid, poller_tid = self._edge.colocation()
         shared = set(used) | ({cpu} if cpu >= 0 else set())
         if shared:
@@ -279,10 +284,20 @@ class NativeGrpcServer:
         self._flush_soon = False
         self._edge.flush()
 
+    def _tell_others(self) -> None:
+        """Tell the edge whether inference it does not see (HTTP, in-process) is in flight:
+        while it is, co-location stays off (the loop is busy with it)."""
+        others = self.handlers.service.inflight > len(self._calls)
+        if others is not self._others:
+            self._others = others
+            self._edge.others(others)
+
     # --- events from gRPC's threads -------------------------------------------
     def _on_events(self) -> None:
         loop = self._loop
         assert loop is not None
+        if self._colocating:
+            self._tell_others()
         for cid, kind, method, payload, received_ns in self._edge.drain():
             if kind == _edge.EV_CALL:
                 if self._policy is not None:

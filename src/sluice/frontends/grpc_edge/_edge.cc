@@ -26,9 +26,12 @@
 //   thread to the CPU it is on, so the two hand-offs of a call stay on one CPU (measured on
 //   the 2-vCPU VM: c=1 x1.16-1.40, bench/RESULTS.md); the first call that arrives while
 //   another is in flight, or a message of kFlatMin bytes or more either way, gives both
-//   threads their CPUs back. The poller alone decides (it counts calls handed to Python and
-//   answered); colocation() tells Python which CPUs were used, so that threads and
-//   processes that inherited one are given theirs back.
+//   threads their CPUs back, as does inference the edge does not see: Python says with
+//   others() when HTTP or in-process requests are in flight (a busy loop keeps its CPUs;
+//   measured: HTTP c=8 beside lone gRPC calls ran x0.95 co-located). The poller decides
+//   from its own count of calls handed to Python and not answered, and others() spreads at
+//   once; colocation() tells Python which CPUs were used, so that threads and processes
+//   that inherited one are given theirs back.
 // - Copies: a received message of 64 KB or more is made contiguous on the gRPC thread that
 //   read it and reaches Python as a read-only memoryview over that memory (smaller ones as
 //   bytes); an answer is bytes or a list of buffers (the codec's parts, tensors included):
@@ -236,6 +239,7 @@ class Edge {
   pid_t loop_tid_ = 0;            // the thread that called start(): the asyncio loop's
   std::atomic<pid_t> poller_tid_{0};  // the one poller (co-location needs exactly one)
   std::atomic<int> active_{0};    // calls handed to Python and not yet answered
+  std::atomic<bool> others_{false};  // Python: other inference (HTTP, in-process) in flight
   int lone_ = 0;                  // poller only: lone calls in a row
   std::mutex cmu_;                // guards the three below for colocation()
   int cpu_ = -1;                  // the shared CPU, -1: spread
@@ -246,11 +250,12 @@ class Edge {
 
   void Counted(size_t bytes) {  // the poller handed a call to Python, its message this big
     int n = active_.fetch_add(1, std::memory_order_relaxed) + 1;
-    if (n > 1 || bytes >= kFlatMin) {
+    if (n > 1 || bytes >= kFlatMin || others_.load(std::memory_order_relaxed)) {
       Large();
-    } else if (lone_ < colocate_ && ++lone_ == colocate_) {
-      Together();
+      return;
     }
+    if (lone_ < colocate_) ++lone_;
+    if (lone_ == colocate_) Together();  // again after Python's others(True) spread them
   }
 
   // A call overlapped another, or a message of kFlatMin bytes or more went either way: the
@@ -261,9 +266,10 @@ class Edge {
   }
 
   void Together() {  // poller
-    int cpu = sched_getcpu();
     std::lock_guard<std::mutex> lk(cmu_);
-    if (cpu_ >= 0 || cpu < 0 || cpu >= CPU_SETSIZE) return;
+    if (cpu_ >= 0) return;
+    int cpu = sched_getcpu();
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return;
     if (sched_getaffinity(loop_tid_, sizeof loop_mask_, &loop_mask_) != 0 ||
         sched_getaffinity(0, sizeof poller_mask_, &poller_mask_) != 0 ||
         !CPU_ISSET(cpu, &loop_mask_))
@@ -277,7 +283,7 @@ class Edge {
     used_.push_back(cpu);
   }
 
-  void Spread() {  // poller, or stop() once the poller is gone
+  void Spread() {  // poller, others(True) on the loop's thread, or stop()
     std::lock_guard<std::mutex> lk(cmu_);
     if (cpu_ < 0) return;
     sched_setaffinity(loop_tid_, sizeof loop_mask_, &loop_mask_);
@@ -1138,6 +1144,18 @@ PyObject* PyEdge_colocation(PyEdge* self, PyObject*) {
                        static_cast<long>(edge->poller_tid_.load()));
 }
 
+// others(flag): whether inference the edge does not see (HTTP, in-process) is in flight; while
+// it is, the next gRPC call spreads the threads instead of counting as a lone call, and
+// others(True) gives both threads their CPUs back at once.
+PyObject* PyEdge_others(PyEdge* self, PyObject* arg) {
+  int flag = PyObject_IsTrue(arg);
+  if (flag < 0) return nullptr;
+  Edge* edge = self->edge;
+  edge->others_.store(flag != 0, std::memory_order_relaxed);
+  if (flag && edge->colocate_ != 0) edge->Spread();
+  Py_RETURN_NONE;
+}
+
 PyObject* PyEdge_pending(PyEdge* self, PyObject*) {
   std::lock_guard<std::mutex> lk(self->edge->tmu_);
   return PyLong_FromSize_t(self->edge->calls_.size());
@@ -1163,6 +1181,8 @@ PyMethodDef PyEdge_methods[] = {
      "call_info(id) -> (peer, {metadata key: value}) or None when the call is over"},
     {"colocation", reinterpret_cast<PyCFunction>(PyEdge_colocation), METH_NOARGS,
      "colocation() -> (shared cpu or -1, cpus shared since the last call, loop tid, poller tid)"},
+    {"others", reinterpret_cast<PyCFunction>(PyEdge_others), METH_O,
+     "others(flag): other inference is in flight (co-location spreads while it is)"},
     {"pending", reinterpret_cast<PyCFunction>(PyEdge_pending), METH_NOARGS,
      "number of calls gRPC has not finished with"},
     {nullptr, nullptr, 0, nullptr}};
