@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ratio_table.py --json bench/results/DATE.json [--markdown]
     .venv/bin/python bench/ratio_table.py [--results /tmp/peers/results] [--rounds N]
+    .venv/bin/python bench/ratio_table.py --history bench/results/*.json
 
 The first form reads what ``bench/vs_triton.py --json`` (or ``bench/run_all.py``) saved: per
 cell the time-adjacent pairs of every round. ``paired_table`` prints each cell's median
@@ -10,7 +11,9 @@ throughputs and p99s, every round's ratio, the median of the paired ratios and f
 batching the ``ceiling``: the most one instance can serve, 1e6 / sluice's own Server Compute
 Infer in us, over Triton's throughput, i.e. the best ratio any server could reach in that
 cell; flagged when it is below the median goal); ``markdown_table`` is the
-performance page's table; ``compare`` sets a run's medians beside an earlier run's.
+performance page's table; ``compare`` sets a run's medians beside an earlier run's;
+``history`` (``--history``) sets every cell's medians across full runs side by side, with
+how many of them met the goal: which cells repeat and which flip between runs of one code.
 
 The second form reads bench-peers' ``run.sh`` result folders (``--rounds N``: the folders
 suffixed ``_r1`` ... ``_rN``, each round a whole sweep on fresh servers).
@@ -216,6 +219,29 @@ def compare(new: Result, old: Result) -> str:
     return "\n".join(lines)
 
 
+def history(runs: list[tuple[str, Result]]) -> str:
+    """Each cell across full runs (oldest first): every run's median ratio, ``*`` where the
+    run flagged the cell, and in how many runs it met the goal; the cells in the newest
+    run's order."""
+    seen: dict[tuple[str, str, int], list[str]] = {}
+    met: dict[tuple[str, str, int], int] = {}
+    for _, result in runs:
+        for cell in result["cells"]:
+            key = (cell["model"], cell["proto"], cell["c"])
+            s = summary(cell)
+            seen.setdefault(key, []).append(_fmt(s["median"]) + ("*" if s["flags"] else ""))
+            met[key] = met.get(key, 0) + (not s["flags"])
+    order = [(c["model"], c["proto"], c["c"]) for c in runs[-1][1]["cells"]] if runs else []
+    order += [k for k in seen if k not in order]
+    lines = [
+        f"{len(runs)} runs, {runs[0][0]} .. {runs[-1][0]}" if runs else "no runs",
+        f"{'model':<16}{'proto':<6}{'conc':>4} | met | medians (* flagged)",
+    ]
+    for key in order:
+        lines.append(f"{key[0]:<16}{key[1]:<6}{key[2]:>4} | {met[key]:>3} | {' '.join(seen[key])}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     default = Path(os.environ.get("PEERS_DIR", "/tmp/peers")) / "results"
@@ -224,7 +250,17 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1, help="ROUNDS the run used")
     p.add_argument("--json", type=Path, help="a run saved by bench/vs_triton.py --json")
     p.add_argument("--markdown", action="store_true", help="with --json: the page's table")
+    p.add_argument(
+        "--history", type=Path, nargs="+", help="full runs' JSON files: each cell across them"
+    )
     args = p.parse_args()
+    if args.history:
+        runs = []
+        for path in sorted(args.history):
+            data = json.loads(path.read_text())
+            runs.append((path.stem, data.get("matrix", data)))
+        print(history(runs))
+        return 0
     if args.json:
         result = json.loads(args.json.read_text())
         result = result.get("matrix", result)  # run_all's file holds the matrix under "matrix"

@@ -108,6 +108,25 @@ def test_compare_sets_the_medians_side_by_side() -> None:
     assert ratio_table.compare(new, old).splitlines()[1].endswith("1.00 ->   1.50")
 
 
+def test_history_counts_the_runs_that_met_the_goal_per_cell() -> None:
+    a = matrix(
+        [
+            cell("add_sub", "grpc", 1, [(1300, 1000)] * 3),
+            cell("add_sub", "http", 8, [(900, 1000), (1300, 1000), (1300, 1000)]),
+        ]
+    )
+    b = matrix(
+        [
+            cell("add_sub", "grpc", 1, [(1100, 1000)] * 3),
+            cell("add_sub", "http", 8, [(1250, 1000)] * 3),
+        ]
+    )
+    lines = ratio_table.history([("run-a", a), ("run-b", b)]).splitlines()
+    assert lines[0] == "2 runs, run-a .. run-b"
+    assert lines[2].split("|") == ["add_sub         grpc     1 ", "   1 ", " 1.30 1.10*"]
+    assert lines[3].split("|") == ["add_sub         http     8 ", "   1 ", " 1.30* 1.25"]
+
+
 def saved(path: Path, started: str, per_sec: float, skipped: tuple[str, ...] = ()) -> None:
     res = {
         "started": started,
