@@ -267,7 +267,8 @@ class Edge {
 
   void Together() {  // poller
     std::lock_guard<std::mutex> lk(cmu_);
-    if (cpu_ >= 0) return;
+    // others_ again under the lock: others(True) stores it before it takes the lock to spread
+    if (cpu_ >= 0 || others_.load(std::memory_order_relaxed)) return;
     int cpu = sched_getcpu();
     if (cpu < 0 || cpu >= CPU_SETSIZE) return;
     if (sched_getaffinity(loop_tid_, sizeof loop_mask_, &loop_mask_) != 0 ||
