@@ -353,6 +353,7 @@ def test_http_in_flight_keeps_the_threads_spread(tmp_path: Path, start_server):
         wait_until(lambda: pending(srv, "gated") == 1, interval=0.02, what="the HTTP request")
         lone_calls(1)
         assert _masks(pid)[pid] == base  # given back before that call was answered
+        _wait_all(pid, base)  # and any thread started while they shared one, by the sweep
         lone_calls(20)  # lone gRPC calls, but the loop is not the edge's alone
         assert set(_masks(pid).values()) == {base}
     finally:
