@@ -241,6 +241,13 @@ def _wait_all(pid: int, base: frozenset[int]) -> None:
     )
 
 
+def _lone_calls(c: grpcclient.InferenceServerClient, n: int) -> None:
+    """``n`` add_sub calls one after another, each answer checked."""
+    for k in range(n):
+        r = c.infer("add_sub", _add_sub(k, 2))
+        assert r.as_numpy("OUTPUT0")[0, 0] == k + 2 and r.as_numpy("OUTPUT1")[0, 0] == k - 2
+
+
 _TWO_CPUS = pytest.mark.skipif(
     len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2, reason="needs two CPUs"
 )
@@ -266,14 +273,9 @@ def test_lone_calls_share_one_cpu_and_an_overlapping_call_spreads_them(
     base = frozenset(os.sched_getaffinity(pid))
     c = grpc_client(srv)
 
-    def lone_calls(n: int) -> None:
-        for k in range(n):
-            r = c.infer("add_sub", _add_sub(k, 2))
-            assert r.as_numpy("OUTPUT0")[0, 0] == k + 2 and r.as_numpy("OUTPUT1")[0, 0] == k - 2
-
-    lone_calls(7)
+    _lone_calls(c, 7)
     assert set(_masks(pid).values()) == {base}  # seven are not yet eight
-    lone_calls(1)
+    _lone_calls(c, 1)
     shared = _masks(pid)[pid]
     assert len(shared) == 1 and shared < base
     wait_until(
@@ -296,14 +298,14 @@ def test_lone_calls_share_one_cpu_and_an_overlapping_call_spreads_them(
     t.start()
     try:
         wait_until(lambda: pending(srv, "gated") == 1, interval=0.02, what="the held call")
-        lone_calls(1)  # arrives while the held call is in flight
+        _lone_calls(c, 1)  # arrives while the held call is in flight
         assert _masks(pid)[pid] == base  # given back before that call was answered
         _wait_all(pid, base)
     finally:
         gate.touch()
     t.join(30)
     assert box["r"].as_numpy("OUTPUT").tolist() == [7.0]
-    lone_calls(8)
+    _lone_calls(c, 8)
     again = _masks(pid)[pid]
     assert len(again) == 1 and again < base
     # a message of 64 KB or more, alone, spreads them too (a second CPU pays for its copies)
@@ -331,12 +333,7 @@ def test_http_in_flight_keeps_the_threads_spread(tmp_path: Path, start_server):
     base = frozenset(os.sched_getaffinity(pid))
     c = grpc_client(srv)
 
-    def lone_calls(n: int) -> None:
-        for k in range(n):
-            r = c.infer("add_sub", _add_sub(k, 3))
-            assert r.as_numpy("OUTPUT0")[0, 0] == k + 3 and r.as_numpy("OUTPUT1")[0, 0] == k - 3
-
-    lone_calls(8)
+    _lone_calls(c, 8)
     shared = _masks(pid)[pid]
     assert len(shared) == 1 and shared < base
 
@@ -351,16 +348,16 @@ def test_http_in_flight_keeps_the_threads_spread(tmp_path: Path, start_server):
     t.start()
     try:
         wait_until(lambda: pending(srv, "gated") == 1, interval=0.02, what="the HTTP request")
-        lone_calls(1)
+        _lone_calls(c, 1)
         assert _masks(pid)[pid] == base  # given back before that call was answered
         _wait_all(pid, base)  # and any thread started while they shared one, by the sweep
-        lone_calls(20)  # lone gRPC calls, but the loop is not the edge's alone
+        _lone_calls(c, 20)  # lone gRPC calls, but the loop is not the edge's alone
         assert set(_masks(pid).values()) == {base}
     finally:
         gate.touch()
     t.join(30)
     assert box["r"].as_numpy("OUTPUT").tolist() == [5.0]
-    lone_calls(9)  # the first of them may still see the HTTP request; then eight alone
+    _lone_calls(c, 9)  # the first of them may still see the HTTP request; then eight alone
     again = _masks(pid)[pid]
     assert len(again) == 1 and again < base
     c.close()

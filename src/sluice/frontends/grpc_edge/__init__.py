@@ -20,8 +20,8 @@ Rules of this file:
   at a time with messages under 64 KB, the extension's poller and this loop's thread share
   one CPU, and spread out again at the first call that overlaps another or a larger
   message, or while other inference (HTTP, in-process) is in flight (``_tell_others``, at
-  each wake-up and each sweep); every second this side gives threads and processes that inherited the shared
-  CPU theirs back (``host.affinity``).
+  each wake-up and each sweep); every second this side gives threads and processes that
+  inherited the shared CPU theirs back (``host.affinity``).
 - ``ModelInfer``, the per-request path, is registered with gRPC by name: gRPC reads its
   message with the call, one completion-queue round fewer a call than the generic service
   that takes every other path (and an unknown one, answered UNIMPLEMENTED here).

@@ -736,6 +736,24 @@ void PyEdge_dealloc(PyEdge* self) {
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
+// The str items of an iterable appended to `out` (None: none); false with a Python error set.
+bool Strings(PyObject* items, std::vector<std::string>* out) {
+  if (items == Py_None) return true;
+  PyObject* it = PyObject_GetIter(items);
+  if (!it) return false;
+  for (PyObject* item; (item = PyIter_Next(it));) {
+    const char* s = PyUnicode_AsUTF8(item);
+    if (s) out->emplace_back(s);
+    Py_DECREF(item);
+    if (!s) {
+      Py_DECREF(it);
+      return false;
+    }
+  }
+  Py_DECREF(it);
+  return !PyErr_Occurred();
+}
+
 // start(address, streaming_methods, int_args, str_args, max_message[, tls[, capture[,
 // colocate[, raw]]]]) -> bound port. tls: None (plain) or (server_key_pem, server_cert_pem,
 // root_cert_pem, mutual); capture: the client metadata keys call_info() reports; colocate:
@@ -770,51 +788,11 @@ PyObject* PyEdge_start(PyEdge* self, PyObject* args) {
     PyErr_SetString(PyExc_RuntimeError, "edge already started");
     return nullptr;
   }
-  PyObject* it = PyObject_GetIter(streaming);
-  if (!it) return nullptr;
-  for (PyObject* item; (item = PyIter_Next(it));) {
-    const char* s = PyUnicode_AsUTF8(item);
-    if (s) edge->streaming_.insert(s);
-    Py_DECREF(item);
-    if (!s) {
-      Py_DECREF(it);
-      return nullptr;
-    }
-  }
-  Py_DECREF(it);
-  if (PyErr_Occurred()) return nullptr;
-  if (capture != Py_None) {
-    PyObject* cit = PyObject_GetIter(capture);
-    if (!cit) return nullptr;
-    for (PyObject* item; (item = PyIter_Next(cit));) {
-      const char* s = PyUnicode_AsUTF8(item);
-      if (s) edge->capture_.push_back(s);
-      Py_DECREF(item);
-      if (!s) {
-        Py_DECREF(cit);
-        return nullptr;
-      }
-    }
-    Py_DECREF(cit);
-    if (PyErr_Occurred()) return nullptr;
-  }
-
-  std::vector<std::string> raw_names;
-  if (raw != Py_None) {
-    PyObject* rit = PyObject_GetIter(raw);
-    if (!rit) return nullptr;
-    for (PyObject* item; (item = PyIter_Next(rit));) {
-      const char* s = PyUnicode_AsUTF8(item);
-      if (s) raw_names.emplace_back(s);
-      Py_DECREF(item);
-      if (!s) {
-        Py_DECREF(rit);
-        return nullptr;
-      }
-    }
-    Py_DECREF(rit);
-    if (PyErr_Occurred()) return nullptr;
-  }
+  std::vector<std::string> streaming_names, raw_names;
+  if (!Strings(streaming, &streaming_names) || !Strings(capture, &edge->capture_) ||
+      !Strings(raw, &raw_names))
+    return nullptr;
+  edge->streaming_.insert(streaming_names.begin(), streaming_names.end());
   for (const std::string& name : raw_names) {
     if (edge->streaming_.count(name) > 0) {
       PyErr_Format(PyExc_ValueError, "%s: a streaming method cannot be raw", name.c_str());
